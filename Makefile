@@ -1,0 +1,30 @@
+# Two commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# One Theano compile cache for the whole project (ignored by git).
+export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
+# One BLAS thread per rank: ranks, not threads, use the cores.
+export OMP_NUM_THREADS := 1
+export OPENBLAS_NUM_THREADS := 1
+
+.PHONY: install demo test clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/theanompi-ext train --workers 2 --model digits_cnn --epochs 6 \
+	    --out runs/demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .cache runs

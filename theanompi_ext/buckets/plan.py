@@ -1,0 +1,89 @@
+"""Bucket planning and the cross-rank check of the plan."""
+import hashlib
+
+DEFAULT_CAP_MB = 4.0
+DEFAULT_FIRST_CAP_MB = 1.0
+
+
+class Bucket(object):
+    """Parameters ``[first, last)`` of the flat layout; entries ``[start, stop)``."""
+
+    def __init__(self, index, first, last, start, stop):
+        self.index, self.first, self.last = index, first, last
+        self.start, self.stop = start, stop
+
+    @property
+    def nbytes(self):
+        """Size of the bucket in bytes (float32)."""
+        return 4 * (self.stop - self.start)
+
+    def __repr__(self):
+        return 'Bucket(%d, params %d..%d, %d bytes)' % (self.index, self.first,
+                                                        self.last - 1, self.nbytes)
+
+
+def flat_order(tags, exchange_bn=False):
+    """Order of parameters in the flat layout: exchanged ones reversed, then local.
+
+    Returns (order, n_exchanged) where ``order`` lists model indices.
+    """
+    from ..update.policy import split_exchanged
+    exchanged, local = split_exchanged(tags, exchange_bn)
+    return list(reversed(exchanged)) + local, len(exchanged)
+
+
+def plan_buckets(sizes, n_exchanged, cap_mb=DEFAULT_CAP_MB, first_cap_mb=DEFAULT_FIRST_CAP_MB):
+    """Group the first ``n_exchanged`` parameters into buckets.
+
+    Parameters
+    ----------
+    sizes : list of int
+        Entries per parameter, flat-layout order.
+    n_exchanged : int
+        How many leading parameters are exchanged.
+    cap_mb, first_cap_mb : float
+        Size caps (MB = 2**20 bytes); the first bucket is small so the
+        first transfer starts early (as DDP does). A parameter larger
+        than the cap gets a bucket of its own.
+    """
+    if cap_mb <= 0 or first_cap_mb <= 0:
+        raise ValueError('bucket caps must be > 0 MB, got %r and %r' % (cap_mb, first_cap_mb))
+    buckets, first, start, nbytes = [], 0, 0, 0
+    offset = 0
+    for i in range(n_exchanged):
+        cap = (first_cap_mb if not buckets else cap_mb) * 2 ** 20
+        size_b = 4 * sizes[i]
+        if i > first and nbytes + size_b > cap:
+            buckets.append(Bucket(len(buckets), first, i, start, offset))
+            first, start, nbytes = i, offset, 0
+        nbytes += size_b
+        offset += sizes[i]
+    if n_exchanged > first:
+        buckets.append(Bucket(len(buckets), first, n_exchanged, start, offset))
+    return buckets
+
+
+def plan_signature(buckets, layout):
+    """A digest of the plan and the layout it slices, compared across ranks."""
+    h = hashlib.sha1()
+    h.update(repr(layout.signature()).encode())
+    h.update(repr([(b.first, b.last, b.start, b.stop) for b in buckets]).encode())
+    return h.hexdigest()
+
+
+def check_plan_across_ranks(comm, buckets, layout, extra=()):
+    """Refuse to start unless every rank planned the same buckets.
+
+    ``extra`` are settings that must also agree (e.g. the progress mode);
+    on a mismatch every rank raises the same ValueError (no rank is left
+    waiting in a collective).
+    """
+    mine = (plan_signature(buckets, layout), tuple(extra),
+            [(b.first, b.last, b.nbytes) for b in buckets])
+    all_ = comm.allgather(mine)
+    if all(a[0] == all_[0][0] and a[1] == all_[0][1] for a in all_):
+        return
+    lines = ['bucket plans differ across ranks:']
+    for r, (sig, ex, plan) in enumerate(all_):
+        lines.append('  rank %d: %d buckets %s settings %s' % (r, len(plan), plan[:4], list(ex)))
+    raise ValueError('\n'.join(lines))

@@ -1,0 +1,50 @@
+"""The ``theanompi-ext`` console command.
+
+Each sub-command lives in the module that owns the feature and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` (called
+with the parsed arguments; its return value is the exit status). Modules
+are imported only when listed here, and must not import Theano at module
+level unless the command needs it, so ``theanompi-ext info`` stays fast.
+"""
+import argparse
+import importlib
+import sys
+
+COMMANDS = [
+    'theanompi_ext.info',
+    'theanompi_ext.train.check_equivalence',
+    'theanompi_ext.train.cli',
+    'theanompi_ext.simulate.cli',
+    'theanompi_ext.bench.cli',
+]
+
+
+def build_parser():
+    """The top-level parser with every sub-command registered."""
+    parser = argparse.ArgumentParser(
+        prog='theanompi-ext',
+        description='Large-minibatch synchronous SGD for Theano-MPI models.')
+    sub = parser.add_subparsers(dest='command', metavar='COMMAND')
+    for modname in COMMANDS:
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError as exc:
+            if exc.name and modname.startswith(exc.name):
+                continue  # feature not present in this build
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, 'func', None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

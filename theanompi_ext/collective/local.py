@@ -1,0 +1,32 @@
+"""Single-process backend: world size 1, every collective is the identity.
+
+Used by one-process runs and reference computations, so the same training
+code runs with and without MPI.
+"""
+from .base import Communicator, CompletedHandle, check_buffer
+
+
+class LocalCommunicator(Communicator):
+    """A world of one rank."""
+    name = 'local'
+
+    def allreduce(self, buf):
+        check_buffer(buf)
+        return buf
+
+    def start_allreduce(self, buf, name=None):
+        check_buffer(buf)
+        return CompletedHandle(buf, name)
+
+    def allgather(self, obj):
+        return [obj]
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def barrier(self):
+        pass
+
+    def abort(self, code=1):
+        import os
+        os._exit(code)

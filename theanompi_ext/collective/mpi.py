@@ -1,0 +1,151 @@
+"""MPI host backend (mpi4py): float32 sums in host memory.
+
+Two ways to finish a started allreduce, the same on every rank (a blocking
+``Allreduce`` on one rank does not match an ``Iallreduce`` on another):
+
+``progress='thread'`` (default)
+    One background thread takes started buffers in FIFO order and runs a
+    blocking ``Allreduce`` on each, on a duplicate of the communicator.
+    mpi4py releases the GIL inside MPI, so the transfer moves while the
+    main thread runs compiled Theano code. MPICH polls while it waits; the
+    thread can be given a lower scheduling priority (``thread_nice``) so
+    its polling takes CPU only when compute leaves the core idle.
+``progress='request'``
+    ``Iallreduce`` now, ``Wait`` later. MPI makes little progress until
+    the wait unless the library has asynchronous progress, so this mainly
+    serves comparisons.
+"""
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+from .base import Communicator, Handle, check_buffer
+
+
+def _mpi():
+    from mpi4py import MPI
+    return MPI
+
+
+class MPICommunicator(Communicator):
+    """Allreduce over an mpi4py communicator (COMM_WORLD by default)."""
+    name = 'mpi'
+
+    def __init__(self, comm=None, progress='thread', thread_nice=0):
+        MPI = _mpi()
+        if progress not in ('thread', 'request'):
+            raise ValueError("progress must be 'thread' or 'request', got %r" % (progress,))
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.progress = progress
+        self.thread_nice = int(thread_nice)
+        # Collectives of the background thread must never interleave with
+        # the main thread's (allgather, barrier): give it its own context.
+        self._bg_comm = self.comm.Dup()
+        self._queue = None
+        self._thread = None
+        self._pending = []
+
+    # -- blocking ---------------------------------------------------------
+    def allreduce(self, buf):
+        check_buffer(buf)
+        if self.size > 1:
+            self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+        return buf
+
+    # -- started ------------------------------------------------------------
+    def start_allreduce(self, buf, name=None):
+        check_buffer(buf)
+        handle = Handle(buf, name)
+        if self.size == 1:
+            handle.t_start = handle.t_queued
+            handle._finish()
+        elif self.progress == 'thread':
+            self._ensure_thread()
+            self._queue.put(handle)
+        else:
+            handle.t_start = time.perf_counter()
+            req = self._bg_comm.Iallreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+            handle.wait = _request_wait(handle, req)
+        return handle
+
+    def _ensure_thread(self):
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name='allreduce',
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        if self.thread_nice:
+            try:  # per-thread priority: Linux applies setpriority to a TID
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               self.thread_nice)
+            except (OSError, AttributeError):
+                pass
+        MPI = _mpi()
+        while True:
+            handle = self._queue.get()
+            if handle is None:
+                return
+            handle.t_start = time.perf_counter()
+            try:
+                self._bg_comm.Allreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
+            except Exception as exc:  # report on the waiting side
+                handle._finish(exc)
+            else:
+                handle._finish()
+
+    # -- small objects ------------------------------------------------------
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code=1):
+        self.comm.Abort(code)
+
+    def close(self):
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._bg_comm is not None:
+            self._bg_comm.Free()
+            self._bg_comm = None
+
+    def describe(self):
+        return 'mpi rank %d/%d (%s, progress=%s)' % (
+            self.rank, self.size, library_version(), self.progress)
+
+
+def _request_wait(handle, req):
+    def wait(timeout=None):
+        if not handle.done():
+            req.Wait()
+            handle._finish()
+        return handle.buf
+    return wait
+
+
+def library_version():
+    """First line of the MPI library's version string."""
+    return _mpi().Get_library_version().strip().splitlines()[0].strip()
+
+
+def thread_level():
+    """The thread support level MPI was initialised with, as a name."""
+    MPI = _mpi()
+    names = {MPI.THREAD_SINGLE: 'SINGLE', MPI.THREAD_FUNNELED: 'FUNNELED',
+             MPI.THREAD_SERIALIZED: 'SERIALIZED', MPI.THREAD_MULTIPLE: 'MULTIPLE'}
+    return names.get(MPI.Query_thread(), str(MPI.Query_thread()))
+
+

@@ -1,0 +1,39 @@
+"""The kn-sum gradient exchange over buckets (serial and started forms)."""
+import numpy as np
+
+
+class KnSumExchanger(object):
+    """Sums each bucket of the flat gradient across ranks.
+
+    The local tail of the gradient (parameters not exchanged) is multiplied
+    by ``local_scale`` = k, turning a kn-normalised local gradient into the
+    worker's own n-mean (see :mod:`theanompi_ext.update.policy`).
+    """
+
+    def __init__(self, comm, buckets, n_exchanged_entries, local_scale):
+        self.comm = comm
+        self.buckets = buckets
+        self.n_exch = n_exchanged_entries
+        self.local_scale = np.float32(local_scale)
+        self._handles = []
+
+    def start(self, bucket, grads):
+        """Start bucket ``bucket``'s allreduce (its gradients are final)."""
+        b = self.buckets[bucket]
+        self._handles.append(self.comm.start_allreduce(grads[b.start:b.stop],
+                                                       name='bucket%d' % b.index))
+
+    def finish(self, grads):
+        """Wait for every started bucket; rescale the local tail."""
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.wait()
+        if self.local_scale != 1 and self.n_exch < grads.size:
+            grads[self.n_exch:] *= self.local_scale
+        return handles
+
+    def reduce(self, grads):
+        """Serial form: all buckets, after the whole backward pass."""
+        for i in range(len(self.buckets)):
+            self.start(i, grads)
+        return self.finish(grads)

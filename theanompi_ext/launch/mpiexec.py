@@ -1,0 +1,98 @@
+"""Build and run ``mpiexec`` command lines (MPICH, Open MPI, or a site MPI).
+
+The ``mpiexec`` next to the running Python (the ``mpich`` wheel puts it in
+the venv's ``bin/``) is preferred over one on ``PATH``, so the launcher and
+mpi4py use the same MPI; ``THEANOMPI_EXT_MPIEXEC`` overrides both.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+# Variables set by the launchers of MPICH (hydra), Open MPI, Slurm and PMIx.
+_RANK_VARS = ('PMI_RANK', 'PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMIX_RANK', 'MPI_LOCALRANKID')
+
+
+def in_mpi_job():
+    """True when this process was started by an MPI launcher."""
+    return any(v in os.environ for v in _RANK_VARS)
+
+
+def find_mpiexec():
+    """Path of the mpiexec to use, or raise with what to install."""
+    override = os.environ.get('THEANOMPI_EXT_MPIEXEC')
+    if override:
+        return override
+    here = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    if os.path.exists(here):
+        return here
+    found = shutil.which('mpiexec') or shutil.which('mpirun')
+    if not found:
+        raise RuntimeError('no mpiexec found: install the project (pip install mpich, '
+                           'see README) or load your MPI module')
+    return found
+
+
+def _is_openmpi(mpiexec):
+    try:
+        out = subprocess.run([mpiexec, '--version'], capture_output=True, text=True,
+                             timeout=10).stdout
+    except Exception:
+        return False
+    return 'Open MPI' in out or 'OpenRTE' in out
+
+
+def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=()):
+    """The command line that starts ``nprocs`` copies of ``argv``."""
+    if int(nprocs) < 1:
+        raise ValueError('workers must be >= 1, got %r' % (nprocs,))
+    mpiexec = mpiexec or find_mpiexec()
+    cmd = [mpiexec, '-n', str(int(nprocs))]
+    if _is_openmpi(mpiexec):
+        cmd += ['--oversubscribe']
+        if hostfile:
+            cmd += ['--hostfile', hostfile]
+    elif hostfile:
+        cmd += ['-f', hostfile]
+    cmd += list(extra)
+    return cmd + list(argv)
+
+
+def child_env(threads_per_rank=1):
+    """Environment for ranks: one BLAS thread each unless the user set it."""
+    env = dict(os.environ)
+    for var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
+        env.setdefault(var, str(threads_per_rank))
+    # Open MPI refuses root without these; harmless elsewhere.
+    env.setdefault('OMPI_ALLOW_RUN_AS_ROOT', '1')
+    env.setdefault('OMPI_ALLOW_RUN_AS_ROOT_CONFIRM', '1')
+    return env
+
+
+def run_mpiexec(cmd, env=None, timeout=None):
+    """Run ``cmd`` in its own process group; Ctrl-C or a timeout stops every rank.
+
+    Returns the exit status (non-zero if any rank failed).
+    """
+    proc = subprocess.Popen(cmd, env=env or child_env(), start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
+        stop_group(proc)
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        return 124
+
+
+def stop_group(proc, grace=5.0):
+    """SIGTERM the launcher's process group, then SIGKILL after ``grace`` s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

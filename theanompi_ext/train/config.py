@@ -1,0 +1,96 @@
+"""Training options, validated before anything is compiled or launched."""
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+from ..update.schedule import WARMUPS
+from ..update.momentum import FORMS
+
+EXCH_STRATEGIES = ('ar', 'ar-overlap')
+
+
+@dataclass
+class TrainConfig(object):
+    """Every option of a training run (see ``docs/usage.md``)."""
+    model: str = 'digits_cnn'
+    data: str = 'digits'                 # 'digits' or a path to an HDF5 file
+    batch_per_worker: int = 32           # n
+    epochs: int = 10
+    base_lr: float = 0.1                 # at ref_batch
+    ref_batch: int = 256
+    warmup: str = 'gradual'
+    warmup_epochs: float = 5.0
+    decay_epochs: tuple = (30, 60, 80)
+    decay_factor: float = 0.1
+    momentum: float = 0.9
+    momentum_form: str = 'eq9'
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    sync_type: str = 'kn'
+    exch_strategy: str = 'ar'
+    exchange_bn: bool = False
+    bucket_cap_mb: float = 4.0
+    first_bucket_cap_mb: float = 1.0
+    seed: int = 0                        # model init
+    data_seed: int = 0                   # per-epoch shuffles
+    max_steps: int = 0                   # 0: whole epochs
+    eval_every: int = 1                  # epochs
+    out: str = ''
+    checkpoint: bool = True
+    resume: bool = False
+    timeline: str = ''
+    quiet: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def validate(self):
+        """Raise ValueError naming the first bad option."""
+        from ..exchange.rules import SYNC_TYPES
+        def bad(name, why):
+            raise ValueError('invalid option %s=%r: %s' % (name, getattr(self, name), why))
+        for name in ('batch_per_worker', 'epochs', 'ref_batch', 'eval_every'):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, 'must be a positive integer')
+        if not (isinstance(self.base_lr, (int, float)) and self.base_lr > 0):
+            bad('base_lr', 'the learning rate must be > 0')
+        if self.warmup not in WARMUPS:
+            bad('warmup', 'choose from %s' % (WARMUPS,))
+        if self.warmup != 'none' and not 0 <= self.warmup_epochs < self.epochs:
+            bad('warmup_epochs', 'warm-up must be >= 0 and shorter than training '
+                '(%d epochs)' % self.epochs)
+        if self.momentum_form not in FORMS:
+            bad('momentum_form', 'choose from %s' % (FORMS,))
+        if not 0 <= self.momentum < 1:
+            bad('momentum', 'must be in [0, 1)')
+        if self.weight_decay < 0:
+            bad('weight_decay', 'must be >= 0')
+        if self.sync_type not in SYNC_TYPES:
+            bad('sync_type', 'choose from %s' % (SYNC_TYPES,))
+        if self.exch_strategy not in EXCH_STRATEGIES:
+            bad('exch_strategy', 'choose from %s' % (EXCH_STRATEGIES,))
+        if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':
+            bad('exch_strategy', 'overlap exists only for sync_type=kn')
+        if not 0 < self.decay_factor <= 1:
+            bad('decay_factor', 'must be in (0, 1]')
+        if self.bucket_cap_mb <= 0 or self.first_bucket_cap_mb <= 0:
+            bad('bucket_cap_mb', 'bucket caps must be > 0')
+        if self.max_steps < 0:
+            bad('max_steps', 'must be >= 0')
+        return self
+
+    def to_dict(self):
+        """Plain dict (JSON-able)."""
+        d = dataclasses.asdict(self)
+        d['decay_epochs'] = list(self.decay_epochs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d):
+        """Build from a dict, refusing unknown keys by name."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError('unknown option(s): %s' % ', '.join(unknown))
+        d = dict(d)
+        if 'decay_epochs' in d:
+            d['decay_epochs'] = tuple(d['decay_epochs'])
+        return cls(**d)

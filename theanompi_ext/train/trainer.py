@@ -1,0 +1,195 @@
+"""The per-rank trainer: data -> forward/backward -> buckets -> collective -> update.
+
+One :class:`Trainer` per rank. Every rank builds the same model from the
+same seed, checks that its parameters and bucket plan match the other
+ranks' before the first step, then runs identical iterations (the number
+of steps per epoch is the same everywhere, see :mod:`theanompi_ext.data.shards`).
+"""
+import time
+
+import numpy as np
+
+from ..params import ParamSet, tags_of
+from ..buckets.plan import flat_order, plan_buckets, check_plan_across_ranks
+from ..exchange.knsum import KnSumExchanger
+from ..exchange.rules import make_rule
+from ..update.schedule import Schedule
+from ..data import shards
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The summed loss became NaN or infinite; training stopped."""
+
+
+def check_models_match(comm, layout):
+    """Refuse to train unless every rank has the same parameter names/shapes/dtypes."""
+    sigs = comm.allgather(layout.signature())
+    for r, s in enumerate(sigs):
+        if s != sigs[0]:
+            from ..params import ParamLayout
+            ref = ParamLayout([(n, sh, dt) for n, sh, dt in sigs[0]])
+            raise ValueError('the model on rank %d differs from rank 0: %s'
+                             % (r, ref.describe_difference(s)))
+
+
+def compile_in_turn(comm, build):
+    """Rank 0 compiles first; the others then find the shared cache warm
+    instead of queueing on its lock one by one."""
+    if comm.rank == 0:
+        out = build()
+    comm.barrier()
+    if comm.rank != 0:
+        out = build()
+    return out
+
+
+class Trainer(object):
+    """Trains ``net`` on ``dataset`` with the options ``cfg`` over ``comm``.
+
+    ``bn_groups`` > 1 is for single-process references that emulate k
+    workers (BN statistics per group of n).
+    """
+
+    def __init__(self, net, dataset, cfg, comm, bn_groups=1, log=print):
+        cfg.validate()
+        self.net, self.data, self.cfg, self.comm = net, dataset, cfg, comm
+        self.log = log if comm.rank == 0 and not cfg.quiet else (lambda *a, **k: None)
+        k, n = comm.size, cfg.batch_per_worker
+        self.k, self.n = k, n
+        # The batch this process computes on: n per worker, or kn when one
+        # process stands for k workers (bn_groups).
+        self.local_batch = n * bn_groups
+        self.total_batch = k * self.local_batch
+        params = net.params
+        order, n_exch_params = flat_order([tags_of(p) for p in params],
+                                          exchange_bn=cfg.exchange_bn)
+        self.params = ParamSet([params[i] for i in order], [params[i].name for i in order])
+        self.layout = self.params.layout
+        check_models_match(comm, self.layout)
+        self.n_exch_params = n_exch_params
+        self.n_exch = self.layout.offsets[n_exch_params] if n_exch_params < len(self.layout) \
+            else self.layout.total
+        self.grads = np.zeros(self.layout.total, np.float32)
+        self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
+                                    cfg.bucket_cap_mb, cfg.first_bucket_cap_mb)
+        check_plan_across_ranks(comm, self.buckets, self.layout,
+                                extra=(cfg.sync_type, cfg.exch_strategy, cfg.exchange_bn))
+        self.backward = compile_in_turn(comm, lambda: self._build_backward(bn_groups))
+        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k * bn_groups)
+        self.rule = make_rule(cfg.sync_type, comm, self.layout, n_exch_params,
+                              self.params.tags, self.exchanger, cfg)
+        self.iters_per_epoch = shards.iterations_per_epoch(len(dataset.y_train), k * bn_groups, n)
+        self.schedule = Schedule(cfg.base_lr, self.total_batch, self.iters_per_epoch, cfg.epochs,
+                                 cfg.ref_batch, cfg.warmup, cfg.warmup_epochs, cfg.decay_epochs,
+                                 cfg.decay_factor, workers=k * bn_groups)
+        self.iteration = 0
+        self._stats = np.zeros(3, np.float32)
+        self._evaluator = None
+        self.history = []
+
+    # -- construction --------------------------------------------------------
+    def _build_backward(self, bn_groups):
+        from ..backward.monolithic import MonolithicBackward
+        scale = 1.0 / self.total_batch
+        if self.cfg.exch_strategy == 'ar-overlap':
+            from ..backward.chunked import ChunkedBackward
+            return ChunkedBackward(self.net, self.params.vars, scale, bn_groups)
+        return MonolithicBackward(self.net, self.params.vars, scale, bn_groups)
+
+    # -- one step ---------------------------------------------------------------
+    def batch_indices(self, perm, it_in_epoch):
+        """This process's example indices for an iteration."""
+        if self.local_batch == self.n:
+            return shards.shard_indices(perm, it_in_epoch, self.comm.rank, self.k, self.n)
+        return shards.global_indices(perm, it_in_epoch, self.total_batch // self.n, self.n)
+
+    def step(self, x, y):
+        """One synchronous SGD step on this rank's batch; returns global (loss, err) means."""
+        lr = self.schedule.lr(self.iteration)
+        overlapped = self.cfg.exch_strategy == 'ar-overlap'
+        on_chunk = self._start_ready_buckets if overlapped else None
+        self._next_bucket = 0
+        loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
+        self._stats[...] = (loss, err, len(y))
+        self.comm.allreduce(self._stats)
+        if not np.all(np.isfinite(self._stats)):
+            raise NonFiniteLoss('non-finite loss (%r) at iteration %d (epoch %d); training '
+                                'stopped before the update' % (float(self._stats[0]),
+                                                               self.iteration,
+                                                               self.iteration // self.iters_per_epoch))
+        if overlapped:
+            self.exchanger.finish(self.grads)
+        self.rule.step(self.params.values, self.grads, lr, reduced=overlapped)
+        self.params.push()
+        self.iteration += 1
+        return self._stats[0] / self._stats[2], self._stats[1] / self._stats[2], lr
+
+    def _start_ready_buckets(self, chunk, n_ready):
+        """Start every bucket whose parameters are all among the first ``n_ready``."""
+        while self._next_bucket < len(self.buckets) and \
+                self.buckets[self._next_bucket].last <= n_ready:
+            self.exchanger.start(self._next_bucket, self.grads)
+            self._next_bucket += 1
+
+    # -- epochs -------------------------------------------------------------
+    def evaluate(self, batch=256):
+        """Global validation (loss, top-1 error, top-5 error) with BN running stats."""
+        if self._evaluator is None:
+            from ..backward.graph import Evaluator
+            self._evaluator = Evaluator(self.net)
+        idx = np.arange(self.comm.rank, len(self.data.y_val), self.comm.size)
+        tot = np.zeros(4, np.float32)
+        for s in range(0, len(idx), batch):
+            x, y = self.data.val_batch(idx[s:s + batch])
+            tot[:3] += self._evaluator(x, y)
+            tot[3] += len(y)
+        self.comm.allreduce(tot)
+        return tuple(float(v) for v in tot[:3] / max(tot[3], 1))
+
+    def train(self):
+        """Run the configured epochs; return the summary dict (rank 0 logs progress)."""
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        step_times = []
+        for epoch in range(self.iteration // self.iters_per_epoch, cfg.epochs):
+            perm = shards.epoch_permutation(len(self.data.y_train), epoch, cfg.data_seed)
+            t_ep, losses, errs = time.perf_counter(), [], []
+            for it in range(self.iteration % self.iters_per_epoch, self.iters_per_epoch):
+                if cfg.max_steps and self.iteration >= cfg.max_steps:
+                    break
+                x, y = self.data.train_batch(self.batch_indices(perm, it))
+                t0 = time.perf_counter()
+                loss, err, lr = self.step(x, y)
+                step_times.append(time.perf_counter() - t0)
+                losses.append(loss)
+                errs.append(err)
+            if not losses:
+                break
+            rec = dict(epoch=epoch + 1, train_loss=float(np.mean(losses)),
+                       train_err=float(np.mean(errs)), lr=float(lr),
+                       epoch_s=time.perf_counter() - t_ep)
+            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+                rec['val_loss'], rec['val_top1'], rec['val_top5'] = self.evaluate()
+            self.history.append(rec)
+            self.log(format_epoch(rec, cfg.epochs))
+        return self.summary(time.perf_counter() - t_start, step_times)
+
+    def summary(self, wall_s, step_times):
+        """Run summary: errors, times, settings."""
+        last = [h for h in self.history if 'val_top1' in h]
+        st = sorted(step_times[1:] or step_times)  # first step pays warm-up costs
+        return dict(workers=self.k, batch_per_worker=self.n, total_batch=self.total_batch,
+                    iterations=self.iteration, wall_s=wall_s,
+                    step_s_median=float(np.median(st)) if st else None,
+                    final_val_top1=last[-1]['val_top1'] if last else None,
+                    final_val_top5=last[-1]['val_top5'] if last else None,
+                    history=self.history, config=self.cfg.to_dict())
+
+
+def format_epoch(rec, epochs):
+    """One progress line for an epoch record."""
+    s = 'epoch %3d/%d  loss %.4f  train err %.3f  lr %.4f  %.1fs' % (
+        rec['epoch'], epochs, rec['train_loss'], rec['train_err'], rec['lr'], rec['epoch_s'])
+    if 'val_top1' in rec:
+        s += '  val top1 %.3f top5 %.3f' % (rec['val_top1'], rec['val_top5'])
+    return s

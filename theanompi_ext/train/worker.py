@@ -1,0 +1,99 @@
+"""The program each rank runs: build data, model and trainer; train; report.
+
+Started by ``theanompi-ext train`` (through mpiexec) or directly inside an
+``mpiexec`` the user started. Any exception on any rank is printed with
+the rank number and ends the whole job (MPI_Abort), so a failing rank
+never leaves the others waiting in a collective.
+"""
+import json
+import os
+import sys
+import time
+
+from .config import TrainConfig
+
+
+def load_dataset(cfg):
+    """The data set named by ``cfg.data``."""
+    if cfg.data == 'digits':
+        from ..data.digits import load_digits
+        return load_digits(repeat=int(cfg.extra.get('repeat', 1)))
+    from ..data.source import load_hdf5_dataset
+    return load_hdf5_dataset(cfg.data, cfg)
+
+
+def run(cfg, comm=None, log=print):
+    """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
+    from ..collective import create_communicator
+    from ..model import build_model
+    from .trainer import Trainer
+    cfg.validate()
+    comm = comm or create_communicator('auto')
+    data = load_dataset(cfg)
+    net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed)
+    t0 = time.perf_counter()
+    trainer = Trainer(net, data, cfg, comm, log=log)
+    if comm.rank == 0 and not cfg.quiet:
+        log('%s: %s, %d params, %d workers x %d = batch %d, %d iters/epoch, '
+            'sync_type=%s exch_strategy=%s, %d buckets, setup %.1fs' % (
+                cfg.model, comm.describe(), trainer.layout.total, comm.size,
+                cfg.batch_per_worker, trainer.total_batch, trainer.iters_per_epoch,
+                cfg.sync_type, cfg.exch_strategy, len(trainer.buckets),
+                time.perf_counter() - t0))
+    summary = trainer.train()
+    if comm.rank == 0:
+        write_outputs(cfg, summary, trainer)
+        if not cfg.quiet:
+            log(format_summary(summary))
+    return summary, trainer
+
+
+def write_outputs(cfg, summary, trainer):
+    """summary.json and final parameters (npz) under cfg.out, if set."""
+    if not cfg.out:
+        return
+    os.makedirs(cfg.out, exist_ok=True)
+    with open(os.path.join(cfg.out, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=1, default=float)
+    import numpy as np
+    np.savez(os.path.join(cfg.out, 'params.npz'), **trainer.params.state_dict())
+
+
+def format_summary(s):
+    """The closing lines of a run."""
+    return ('summary: %d workers, batch %d, %d iterations in %.1fs (median step %.1f ms); '
+            'final val top-1 error %.4f, top-5 error %.4f' % (
+                s['workers'], s['total_batch'], s['iterations'], s['wall_s'],
+                1000 * (s['step_s_median'] or 0), s['final_val_top1'] or float('nan'),
+                s['final_val_top5'] or float('nan')))
+
+
+def main(argv=None):
+    """``python -m theanompi_ext.train.worker CONFIG.json``."""
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        cfg = TrainConfig.from_dict(json.load(f))
+    return guarded(lambda: run(cfg))
+
+
+def guarded(fn):
+    """Run ``fn``; on any exception print it with the rank and end every rank."""
+    try:
+        fn()
+        return 0
+    except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s\n'
+                         % (comm.rank, comm.size, type(exc).__name__, exc))
+        sys.stderr.flush()
+        if os.environ.get('THEANOMPI_EXT_TRACEBACK'):
+            import traceback
+            traceback.print_exc()
+        if comm.size > 1:
+            comm.Abort(3)
+        return 3
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""The math of the update, as plain numpy functions (no Theano, no MPI).
+
+``schedule``  linear scaling rule, warm-up (gradual / constant / none /
+              Theano-MPI's geometric per-epoch), step decay.
+``momentum``  momentum SGD in the forms of eqs. (9) and (10), momentum
+              correction, Nesterov, weight decay.
+``policy``    which parameters are exchanged, which get weight decay, and
+              how a locally updated parameter's gradient is rescaled.
+"""
+from .schedule import Schedule  # noqa: F401
+from .momentum import Optimizer  # noqa: F401
