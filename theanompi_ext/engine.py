@@ -96,3 +96,15 @@ def pool2d(x, size, stride, pad, mode):
     """Max or average pooling (mode 'max' or 'average_exc_pad')."""
     return theano.tensor.signal.pool.pool_2d(
         x, ws=size, stride=stride, pad=pad, ignore_border=True, mode=mode)
+
+
+def grad(cost, wrt, known_grads=None):
+    """Symbolic gradients of ``cost`` (or of ``known_grads`` pushed back when
+    ``cost`` is None) with respect to the variables ``wrt``."""
+    return theano.grad(cost, wrt, known_grads=known_grads)
+
+
+def toposort(outputs):
+    """Apply nodes computing ``outputs`` from the graph's roots, inputs first."""
+    from theano.gof import graph
+    return graph.io_toposort(graph.inputs(outputs), outputs)

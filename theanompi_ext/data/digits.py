@@ -25,10 +25,11 @@ class ArrayDataset(object):
         return self.x_val[idx], self.y_val[idx]
 
 
-def load_digits(val_fraction=0.2, seed=0, repeat=1):
+def load_digits(val_fraction=0.2, seed=0, repeat=1, train_subset=0):
     """Digits, normalised by the training split's mean/std, split by ``seed``.
 
-    ``repeat`` tiles the training split (for longer benchmark epochs).
+    ``repeat`` tiles the training split (for longer benchmark epochs);
+    ``train_subset`` > 0 keeps only that many training examples (tests).
     """
     from sklearn.datasets import load_digits as _sk
     d = _sk()
@@ -37,6 +38,8 @@ def load_digits(val_fraction=0.2, seed=0, repeat=1):
     perm = np.random.RandomState(seed).permutation(len(y))
     n_val = int(round(len(y) * val_fraction))
     val, tr = perm[:n_val], perm[n_val:]
+    if train_subset:
+        tr = tr[:train_subset]
     mean, std = x[tr].mean(), x[tr].std()
     x = (x - mean) / std
     xt, yt = np.tile(x[tr], (repeat, 1, 1, 1)), np.tile(y[tr], repeat)

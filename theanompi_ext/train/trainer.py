@@ -18,7 +18,13 @@ from ..data import shards
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The summed loss became NaN or infinite; training stopped."""
+    """The summed loss became NaN or infinite; training stopped (on every rank)."""
+    all_ranks = True
+
+
+class RankMismatchError(ValueError):
+    """Ranks disagree on the model or the exchange plan (raised on every rank)."""
+    all_ranks = True
 
 
 def check_models_match(comm, layout):
@@ -28,7 +34,7 @@ def check_models_match(comm, layout):
         if s != sigs[0]:
             from ..params import ParamLayout
             ref = ParamLayout([(n, sh, dt) for n, sh, dt in sigs[0]])
-            raise ValueError('the model on rank %d differs from rank 0: %s'
+            raise RankMismatchError('the model on rank %d differs from rank 0: %s'
                              % (r, ref.describe_difference(s)))
 
 
@@ -72,8 +78,11 @@ class Trainer(object):
         self.grads = np.zeros(self.layout.total, np.float32)
         self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
                                     cfg.bucket_cap_mb, cfg.first_bucket_cap_mb)
-        check_plan_across_ranks(comm, self.buckets, self.layout,
-                                extra=(cfg.sync_type, cfg.exch_strategy, cfg.exchange_bn))
+        try:
+            check_plan_across_ranks(comm, self.buckets, self.layout,
+                                    extra=(cfg.sync_type, cfg.exch_strategy, cfg.exchange_bn))
+        except ValueError as exc:
+            raise RankMismatchError(str(exc))
         self.backward = compile_in_turn(comm, lambda: self._build_backward(bn_groups))
         self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k * bn_groups)
         self.rule = make_rule(cfg.sync_type, comm, self.layout, n_exch_params,

@@ -17,7 +17,8 @@ def load_dataset(cfg):
     """The data set named by ``cfg.data``."""
     if cfg.data == 'digits':
         from ..data.digits import load_digits
-        return load_digits(repeat=int(cfg.extra.get('repeat', 1)))
+        return load_digits(repeat=int(cfg.extra.get('repeat', 1)),
+                           train_subset=int(cfg.extra.get('train_subset', 0)))
     from ..data.source import load_hdf5_dataset
     return load_hdf5_dataset(cfg.data, cfg)
 
@@ -30,7 +31,8 @@ def run(cfg, comm=None, log=print):
     cfg.validate()
     comm = comm or create_communicator('auto')
     data = load_dataset(cfg)
-    net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed)
+    net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,
+                      **cfg.extra.get('model_kw', {}))
     t0 = time.perf_counter()
     trainer = Trainer(net, data, cfg, comm, log=log)
     if comm.rank == 0 and not cfg.quiet:
@@ -90,7 +92,12 @@ def guarded(fn):
         if os.environ.get('THEANOMPI_EXT_TRACEBACK'):
             import traceback
             traceback.print_exc()
-        if comm.size > 1:
+        # An error every rank raised at the same point (found after a
+        # collective) ends each rank normally; anything else may have left
+        # other ranks inside a collective, so the whole job is aborted.
+        if comm.size > 1 and not getattr(exc, 'all_ranks', False):
+            import time
+            time.sleep(0.5)   # let the launcher forward this rank's message first
             comm.Abort(3)
         return 3
 

@@ -1,0 +1,40 @@
+"""Shared test set-up: one Theano compile cache, one BLAS thread, MPI helpers."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault('THEANOMPI_EXT_CACHE', os.path.join(ROOT, '.cache', 'theano'))
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
+MPI_DIR = os.path.join(ROOT, 'tests', 'mpi')
+
+
+def mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    return here if os.path.exists(here) else 'mpiexec'
+
+
+def run_mpi(nprocs, script, *args, timeout=300, env=None):
+    """Run tests/mpi/<script> on ``nprocs`` ranks; a hang fails the test.
+
+    Returns the CompletedProcess (stdout/stderr as text).
+    """
+    cmd = [mpiexec(), '-n', str(nprocs), sys.executable, os.path.join(MPI_DIR, script)]
+    cmd += [str(a) for a in args]
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail('%d-rank %s hung for %ss:\n%s\n%s' % (nprocs, script, timeout,
+                                                        exc.stdout, exc.stderr))
+
+
+@pytest.fixture
+def mpirun():
+    """The :func:`run_mpi` helper as a fixture."""
+    return run_mpi

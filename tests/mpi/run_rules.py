@@ -1,0 +1,43 @@
+"""Run 2 steps of a sync rule on hand-set vectors; rank 0 prints all ranks' results.
+
+usage: run_rules.py SYNC_TYPE   (no Theano: numpy + MPI only)
+Layout: W (2 entries, weight), b (1, bias), gamma (1, BN affine, local).
+"""
+import json
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from theanompi_ext.collective.mpi import MPICommunicator
+from theanompi_ext.params import ParamLayout
+from theanompi_ext.buckets.plan import plan_buckets
+from theanompi_ext.exchange.knsum import KnSumExchanger
+from theanompi_ext.exchange.rules import make_rule
+
+GRADS = {0: [0.1, 0.2, 0.3, 0.4], 1: [0.3, 0.0, -0.1, 0.2]}
+
+
+def main():
+    comm = MPICommunicator()
+    layout = ParamLayout([('W', (2,), 'float32'), ('b', (1,), 'float32'),
+                          ('gamma', (1,), 'float32')])
+    tags = [frozenset({'trainable'}), frozenset({'trainable', 'bias'}),
+            frozenset({'trainable', 'bn_affine'})]
+    opts = SimpleNamespace(weight_decay=0.01, momentum=0.9, momentum_form='eq9', nesterov=False)
+    exch = KnSumExchanger(comm, plan_buckets(layout.sizes, 2), layout.offsets[2], comm.size)
+    rule = make_rule(sys.argv[1], comm, layout, 2, tags, exch, opts)
+    w = np.array([1.0, 2.0, 0.5, 1.0], np.float32)
+    steps = []
+    for _ in range(2):
+        g = np.array(GRADS[comm.rank], np.float32)
+        rule.step(w, g, 0.1)
+        steps.append(w.tolist())
+    everything = comm.allgather(steps)
+    if comm.rank == 0:
+        print(json.dumps(everything))
+    comm.close()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,68 @@
+"""Bad input gets a clear error and never a hang."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from theanompi_ext.train.config import TrainConfig
+
+
+@pytest.mark.parametrize('kw,msg', [
+    (dict(base_lr=-0.1), 'base_lr.*> 0'),
+    (dict(warmup_epochs=12, epochs=10), 'warmup_epochs.*shorter than training'),
+    (dict(sync_type='swap'), "sync_type.*choose from"),
+    (dict(exch_strategy='nccl99'), 'exch_strategy'),
+    (dict(batch_per_worker=0), 'batch_per_worker'),
+    (dict(momentum=1.5), 'momentum'),
+    (dict(sync_type='avg', exch_strategy='ar-overlap'), 'overlap exists only'),
+])
+def test_invalid_options_rejected(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        TrainConfig(**kw).validate()
+
+
+def test_unknown_option_names_refused():
+    with pytest.raises(ValueError, match='unknown option.*learning_rate'):
+        TrainConfig.from_dict({'learning_rate': 0.1})
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, '-m', 'theanompi_ext'] + list(args),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_rejects_bad_options_with_status_2():
+    r = cli('train', '--base-lr', '-1')
+    assert r.returncode == 2 and 'base_lr' in r.stderr
+    r = cli('train', '--sync-type', 'swap')
+    assert r.returncode == 2 and 'sync_type' in r.stderr
+
+
+def test_config_file_unknown_key_named(tmp_path):
+    p = tmp_path / 'session.cfg'
+    p.write_text('epochs = 3\nLEARNING_RATE = 0.2\n')
+    r = cli('train', '--config', str(p))
+    assert r.returncode == 2 and 'LEARNING_RATE' in r.stderr and 'line 2' in r.stderr
+
+
+def test_models_that_differ_across_ranks_are_detected(mpirun, tmp_path):
+    cfg = dict(model='mlp', epochs=2, warmup='none', quiet=True, batch_per_worker=8,
+               extra={'train_subset': 64, 'model_kw': {'hidden': [16]}})
+    (tmp_path / 'cfg.json').write_text(json.dumps(cfg))
+    over = {'1': {'extra': {'train_subset': 64, 'model_kw': {'hidden': [17]}}}}
+    (tmp_path / 'over.json').write_text(json.dumps(over))
+    res = mpirun(2, 'run_train.py', tmp_path / 'cfg.json', tmp_path, tmp_path / 'over.json',
+                 timeout=200)
+    assert res.returncode != 0
+    assert 'differs from rank 0' in res.stderr and '(16, 10)' in res.stderr \
+        and '(17, 10)' in res.stderr
+    assert not (tmp_path / 'rank0.npz').exists()        # no step was taken
+
+
+@pytest.mark.parametrize('ranks', [1, 2])
+def test_non_finite_loss_stops_with_iteration(mpirun, ranks):
+    res = mpirun(ranks, 'run_nonfinite.py', timeout=200)
+    assert res.returncode != 0
+    assert 'non-finite loss' in res.stderr and 'at iteration' in res.stderr

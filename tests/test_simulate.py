@@ -1,0 +1,244 @@
+"""The scaling simulator: cost formulas, pipeline arithmetic, presets, CLI."""
+import argparse
+import json
+import math
+
+import pytest
+
+from theanompi_ext.simulate import cli as sim_cli
+from theanompi_ext.simulate.model import (Layer, Workload, load_workload, make_messages,
+                                          scaling, step_time)
+from theanompi_ext.simulate.network import (Network, chain_reduce, rhd_allreduce,
+                                            ring_allreduce)
+from theanompi_ext.simulate.presets import (alexnet_layers, get_preset, resnet50_layers,
+                                            vgg16_layers)
+
+approx = pytest.approx
+
+
+# ---------------------------------------------------------------- formulas
+
+def test_ring_formula():
+    # 2(p-1) alpha + 2(p-1)/p N/bw with p=4, N=1 MB, 1 GB/s, 10 us
+    assert ring_allreduce(1e6, 4, 1e-5, 1e9) == approx(6e-5 + 1.5e-3)
+    assert ring_allreduce(1e6, 1, 1e-5, 1e9) == 0.0
+
+
+def test_rhd_power_of_two_and_binary_blocks():
+    a, bw, n = 1e-5, 1e9, 1e6
+    assert rhd_allreduce(n, 8, a, bw) == approx(6 * a + 2 * 7 / 8 * n / bw)
+    # 3 = 2 + 1: halving among 2, the lone rank folds in and gets it back
+    assert rhd_allreduce(n, 3, a, bw) == approx(2 * a + n / bw + 2 * (a + n / bw))
+    # 6 = 4 + 2: the 2-block hands over N/2-byte segments
+    assert rhd_allreduce(n, 6, a, bw) == approx(4 * a + 1.5 * n / bw + 2 * (a + n / 2 / bw))
+
+
+def test_hierarchical_is_reduce_inter_bcast():
+    net = Network(algorithm='hierarchical', alpha=2e-5, bandwidth=1e9,
+                  intra_alpha=1e-6, intra_bandwidth=1e10, gpus_per_node=8)
+    n = 4e6
+    intra = 7 * 1e-6 + n / 1e10
+    assert chain_reduce(n, 8, 1e-6, 1e10) == approx(intra)
+    assert net.allreduce(n, 8) == approx(2 * intra)                   # one server
+    assert net.allreduce(n, 16) == approx(2 * intra + 2 * 2e-5 + n / 1e9)
+    assert net.allreduce(n, 64) == approx(2 * intra + rhd_allreduce(n, 8, 2e-5, 1e9))
+    assert net.allreduce(n, 1) == 0.0
+
+
+def test_flat_algorithms_pick_the_link():
+    net = Network(algorithm='ring', alpha=1e-5, bandwidth=1e9,
+                  intra_alpha=1e-6, intra_bandwidth=1e10, gpus_per_node=4)
+    assert net.allreduce(1e6, 4) == approx(ring_allreduce(1e6, 4, 1e-6, 1e10))
+    assert net.allreduce(1e6, 8) == approx(ring_allreduce(1e6, 8, 1e-5, 1e9))
+
+
+# ------------------------------------------------------------ step model
+
+def _net(alpha=0.0, bw=1e6):
+    # Ring between 2 single-GPU nodes: an allreduce of N bytes costs
+    # 2 alpha + N/bw, so the arithmetic below is easy to follow.
+    return Network(algorithm='ring', alpha=alpha, bandwidth=bw, intra_alpha=alpha,
+                   intra_bandwidth=bw, gpus_per_node=1)
+
+
+def _wl(g1=20000, g2=5000, t1=2):
+    # Output layer first: 10 ms then 30 ms of backward; forward 20 ms.
+    return Workload([Layer('out', 0.010, g1, t1), Layer('in', 0.030, g2)], 0.020)
+
+
+def test_one_bucket_waits_for_backward():
+    r = step_time(_wl(), _net(), 2, overlap=True, bucket_cap_bytes=float('inf'))
+    # ready at 40 ms, 25 kB at 1 MB/s = 25 ms
+    assert len(r.messages) == 1
+    assert r.step_s == approx(0.020 + 0.040 + 0.025)
+    assert r.exposed_comm_s == approx(0.025)
+
+
+def test_two_buckets_overlap_backward():
+    r = step_time(_wl(), _net(), 2, overlap=True, bucket_cap_bytes=10000)
+    # bucket 1: ready 10 ms, 20 ms -> ends 30; bucket 2: ready 40, 5 ms -> 45
+    assert [m.nbytes for m in r.messages] == [20000, 5000]
+    assert r.step_s == approx(0.020 + 0.045)
+    assert r.comm_s == approx(0.025)
+
+
+def test_bucket_waits_for_previous_transfer():
+    r = step_time(_wl(g1=50000), _net(), 2, overlap=True, bucket_cap_bytes=10000)
+    # bucket 1 ends at 10 + 50 = 60 ms; bucket 2, ready at 40, starts at 60
+    assert r.step_s == approx(0.020 + 0.065)
+
+
+def test_fully_hidden_comm_costs_nothing():
+    r = step_time(_wl(g1=1000, g2=0), _net(), 2, overlap=True, bucket_cap_bytes=1)
+    assert r.step_s == approx(0.060)
+    assert r.efficiency == approx(1.0)
+
+
+def test_latency_bound_serial_and_overlap():
+    net = _net(alpha=1e-3, bw=1e15)           # each allreduce costs 2 ms
+    s = step_time(_wl(), net, 2, overlap=False)
+    assert s.allreduces == 3                   # 'out' has two tensors
+    assert s.step_s == approx(0.060 + 0.006)
+    o = step_time(_wl(), net, 2, overlap=True)  # unbucketed: per tensor
+    # out's two tensors: 10 -> 14 ms; in's: 40 -> 42 ms
+    assert o.step_s == approx(0.020 + 0.042)
+    assert s.efficiency == approx(0.060 / 0.066)
+
+
+def test_bandwidth_bound_serial_and_barrier():
+    s = step_time(_wl(), _net(), 2, overlap=False)
+    assert s.step_s == approx(0.060 + 0.025)
+    b = step_time(_wl(), _net(alpha=1e-3), 2, overlap=False, barrier=True)
+    # 3 allreduces at 2 ms latency each, 25 ms of bytes, a 2 ms barrier
+    assert b.step_s == approx(0.060 + 0.006 + 0.025 + 0.002)
+
+
+def test_layers_without_gradient_add_time_only():
+    wl = Workload([Layer('pool', 0.005, 0), Layer('conv', 0.010, 1000)], 0.0)
+    msgs = make_messages(wl, None)
+    assert len(msgs) == 1 and msgs[0].ready_s == approx(0.015)
+
+
+def test_scaling_is_relative_to_baseline():
+    rows = scaling(_wl(), _net(), [1, 2], bucket_cap_bytes=float('inf'), baseline_k=1)
+    assert rows[0]['overlap_rel'] == approx(1.0)
+    assert rows[1]['overlap_rel'] == approx(0.060 / 0.085)
+    assert rows[1]['serial_rel'] == approx(0.060 / 0.085)
+
+
+# --------------------------------------------------------------- presets
+
+def test_architectures_parameter_counts():
+    r50 = resnet50_layers()
+    assert len(r50) == 54 and sum(s[1] for s in r50) == 25557032   # 53 conv + fc
+    assert sum(s[1] for s in vgg16_layers()) == 138357544
+    assert sum(s[1] for s in alexnet_layers()) == 60965224
+
+
+def test_goyal2017_preset_reproduces_90_percent():
+    p = get_preset('goyal2017')
+    assert p.workload.grad_bytes == approx(102.2e6, rel=0.01)
+    assert p.workload.backward_s == approx(0.120)
+    rows = scaling(p.workload, p.network, [8, 256], p.bucket_mb * 2 ** 20, 8)
+    assert abs(rows[-1]['overlap_rel'] - 0.90) < 0.05
+    # Theano-MPI's serial exchange on the same cluster scales clearly worse.
+    assert rows[-1]['serial_rel'] < rows[-1]['overlap_rel'] - 0.1
+
+
+@pytest.mark.parametrize('name, comm, tol', [('theano-mpi', 5.41, 0.2),
+                                             ('theano-mpi-alexnet', 0.60, 0.05)])
+def test_theano_mpi_comm_per_5120_images(name, comm, tol):
+    p = get_preset(name)
+    r = step_time(p.workload, p.network, 8, overlap=False)
+    steps = 5120 / (8 * p.workload.per_worker_batch)
+    assert abs(r.comm_s * steps - comm) < tol
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match='nope'):
+        get_preset('nope')
+
+
+# ------------------------------------------------------------------- CLI
+
+def _run(argv, capsys):
+    parser = argparse.ArgumentParser(prog='theanompi-ext')
+    sim_cli.register(parser.add_subparsers())
+    args = parser.parse_args(['simulate'] + argv)
+    status = args.func(args)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_cli_goyal_last_line_is_the_efficiency(capsys):
+    status, out, _ = _run(['--preset', 'goyal2017', '--gpus', '256'], capsys)
+    assert status == 0
+    lines = out.strip().splitlines()
+    assert abs(float(lines[-1]) - 0.90) < 0.05
+    assert 'relative to 8 GPUs' in out
+
+
+def test_cli_no_overlap_reports_serial(capsys):
+    _, out, _ = _run(['--preset', 'goyal2017', '--gpus', '256', '--no-overlap'], capsys)
+    assert float(out.strip().splitlines()[-1]) < 0.8
+
+
+def test_cli_json_and_plot(tmp_path, capsys):
+    jpath, ppath = tmp_path / 'r.json', tmp_path / 'r.png'
+    status, out, _ = _run(['--preset', 'theano-mpi', '--json', str(jpath),
+                           '--plot', str(ppath)], capsys)
+    assert status == 0
+    doc = json.loads(jpath.read_text())
+    assert [r['gpus'] for r in doc['rows']] == [1, 2, 4, 8]
+    assert doc['mode'] == 'serial'
+    assert doc['efficiency'] == approx(float(out.strip().splitlines()[-1]), abs=5e-4)
+    assert all(math.isfinite(r['serial']['step_s']) for r in doc['rows'])
+    assert ppath.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert '5.41' in out
+
+
+def test_cli_layers_file(tmp_path, capsys):
+    f = tmp_path / 'layers.json'
+    f.write_text(json.dumps([{'name': 'fc', 'backward_s': 0.01, 'grad_bytes': 4e6},
+                             {'name': 'conv', 'backward_s': 0.02, 'grad_bytes': 1e6}]))
+    status, out, _ = _run(['--layers', str(f), '--forward-ms', '15', '--gpus', '16',
+                           '--algorithm', 'ring'], capsys)
+    assert status == 0 and 0 < float(out.strip().splitlines()[-1]) <= 1
+
+
+@pytest.mark.parametrize('argv, needle', [
+    (['--bandwidth-gbit', '-5'], '-5'),
+    (['--intra-bandwidth-gbit', '0'], 'intra-bandwidth'),
+    (['--gpus', '12', '--algorithm', 'hierarchical', '--gpus-per-node', '8'], '12'),
+    (['--gpus', '8,abc'], 'abc'),
+    (['--bucket-mb', '-1'], 'bucket'),
+])
+def test_cli_bad_inputs_exit_2(argv, needle, capsys):
+    status, out, err = _run(['--preset', 'goyal2017'] + argv, capsys)
+    assert status == 2
+    assert err.startswith('theanompi-ext simulate: error:') and needle in err
+
+
+@pytest.mark.parametrize('content, needle', [
+    ('{not json', 'not valid JSON'),
+    ('[]', 'empty'),
+    ('[{"name": "a", "backward_s": 0.1}]', 'grad_bytes'),
+    ('[{"name": "a", "backward_s": -1, "grad_bytes": 4}]', '-1'),
+    ('[{"name": "a", "backward_s": 0.1, "grad_bytes": 4, "tensors": 0}]', 'tensors'),
+])
+def test_malformed_layers_file(tmp_path, capsys, content, needle):
+    f = tmp_path / 'bad.json'
+    f.write_text(content)
+    with pytest.raises(ValueError, match=needle):
+        load_workload(str(f))
+    status, _, err = _run(['--layers', str(f)], capsys)
+    assert status == 2 and 'error' in err
+
+
+def test_library_rejects_bad_network():
+    with pytest.raises(ValueError, match='bandwidth'):
+        Network(bandwidth=-1.0)
+    with pytest.raises(ValueError, match='algorithm'):
+        Network(algorithm='tree')
+    with pytest.raises(ValueError, match='k=12'):
+        step_time(_wl(), Network(gpus_per_node=8), 12)

@@ -1,0 +1,578 @@
+"""NCCL backend: float32 sums of GPU buffers, overlapped with compute.
+
+One rank per GPU. The library is ``libnccl.so.2`` (see :mod:`.nccl_lib`
+for where it is found); CUDA streams, events and the device come from
+CuPy. Rank 0 makes the NCCL unique id and MPI broadcasts it, so the job
+is launched with ``mpirun`` like the ``mpi`` backend; ``allgather``,
+``bcast`` and ``barrier`` stay on MPI (small host objects).
+
+Stream choreography of :meth:`NCCLCommunicator.start_allreduce`::
+
+    compute stream ──●ready─────────────────────────── ... ──▲ (wait: stream waits on done)
+                      ╲                                      │
+    comm stream        ╲wait──[ncclAllReduce in place]──●done┘
+
+The host never blocks in ``start_allreduce``; :meth:`NCCLHandle.wait`
+makes the *current* stream wait on ``done`` (host stays free) or, with
+``sync=True``, blocks the host until the sum is there.
+
+Buffers
+    Device arrays by contract, not by type: a CuPy ``ndarray`` (``.data.ptr``),
+    a pygpu ``GpuArray`` (``.gpudata`` + ``.offset``, pygpu >= 0.7), or any
+    object with ``__cuda_array_interface__``. They must be float32 and
+    C-contiguous. A numpy array is refused with a ``TypeError`` (host memory
+    belongs to the ``mpi`` backend).
+
+Mismatched sizes across ranks
+    NCCL given different counts on different ranks hangs or corrupts
+    memory, so sizes are checked over MPI before NCCL sees them.
+    ``size_check='first'`` (default): the first start of each *name*
+    allgathers ``(name, count)`` from every rank and compares; later starts
+    of a known name with the same count cost nothing (a changed count is
+    re-checked). Unnamed buffers have no identity to remember and are
+    checked on every start. ``'always'`` checks every start (debugging),
+    ``'off'`` never. :meth:`NCCLCommunicator.check_plan` checks a whole
+    bucket plan in one allgather and marks its names as checked.
+"""
+import socket
+import time
+
+import numpy as np
+
+from .base import Communicator, Handle
+from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM,
+                       load_library, INSTALL_HINT)
+
+CUPY_HINT = 'pip install cupy-cuda12x, or theanompi_ext[gpu]'
+SIZE_CHECKS = ('first', 'always', 'off')
+
+
+# -- device buffers -----------------------------------------------------------
+
+class DeviceBuffer(object):
+    """What a collective needs to know about a device array.
+
+    ``ptr`` (int, offset included), ``count`` (elements), ``dtype`` (numpy
+    dtype), ``contiguous`` (C order), ``kind`` ('cupy', 'pygpu', 'cai'),
+    ``device`` (CUDA ordinal or None when unknown), ``stream`` (raw stream
+    handle the producer used, from ``__cuda_array_interface__`` v3, or None),
+    ``readonly``.
+    """
+    __slots__ = ('ptr', 'count', 'dtype', 'contiguous', 'kind', 'device',
+                 'stream', 'readonly')
+
+    def __init__(self, ptr, count, dtype, contiguous, kind, device=None,
+                 stream=None, readonly=False):
+        self.ptr = int(ptr)
+        self.count = int(count)
+        self.dtype = np.dtype(dtype)
+        self.contiguous = bool(contiguous)
+        self.kind = kind
+        self.device = device
+        self.stream = stream
+        self.readonly = bool(readonly)
+
+    def __repr__(self):
+        return ('DeviceBuffer(kind=%s, ptr=0x%x, count=%d, dtype=%s, contiguous=%s)'
+                % (self.kind, self.ptr, self.count, self.dtype, self.contiguous))
+
+
+def _type_name(obj):
+    t = type(obj)
+    mod = t.__module__
+    return t.__name__ if mod == 'builtins' else '%s.%s' % (mod, t.__name__)
+
+
+def _c_contiguous_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _pygpu_contiguous(obj):
+    flags = getattr(obj, 'flags', None)
+    if flags is None:
+        return True
+    try:
+        return bool(flags.c_contiguous)
+    except AttributeError:
+        return bool(flags['C_CONTIGUOUS'])   # pygpu < 0.7 returned a dict
+
+
+def is_device_array(obj):
+    """True when ``obj`` looks like a GPU array this layer can address."""
+    if obj is None or isinstance(obj, np.ndarray):
+        return False
+    if hasattr(obj, 'gpudata'):
+        return True
+    data = getattr(obj, 'data', None)
+    if data is not None and isinstance(getattr(data, 'ptr', None), int):
+        return True
+    return hasattr(obj, '__cuda_array_interface__')
+
+
+def device_buffer(obj):
+    """Describe a device array as a :class:`DeviceBuffer`.
+
+    The pointer comes, by documented contract and in this order, from
+    ``.gpudata`` (+ ``.offset``; pygpu GpuArray), ``.data.ptr`` (CuPy
+    ndarray) or ``__cuda_array_interface__``. Raises ``TypeError`` naming
+    the type for anything else, e.g. a numpy array (host memory).
+    """
+    if isinstance(obj, np.ndarray):
+        raise TypeError('NCCL allreduce needs a device array (CuPy ndarray, pygpu '
+                        'GpuArray or an object with __cuda_array_interface__), got '
+                        'numpy.ndarray in host memory; use the "mpi" backend for '
+                        'host buffers')
+    if hasattr(obj, 'gpudata'):
+        # pygpu >= 0.7: gpudata is the CUdeviceptr of the allocation; views
+        # start at .offset bytes into it.
+        ctx = getattr(obj, 'context', None)
+        kind = getattr(ctx, 'kind', None)
+        if kind is not None and kind not in (b'cuda', 'cuda'):
+            raise TypeError('pygpu array lives on a %r context; NCCL needs CUDA' % (kind,))
+        ptr = int(obj.gpudata) + int(getattr(obj, 'offset', 0) or 0)
+        return DeviceBuffer(ptr, obj.size, obj.dtype, _pygpu_contiguous(obj), 'pygpu')
+    data = getattr(obj, 'data', None)
+    if data is not None and isinstance(getattr(data, 'ptr', None), int):
+        dev = getattr(obj, 'device', None)
+        dev_id = getattr(dev, 'id', None)
+        flags = getattr(obj, 'flags', None)
+        contiguous = bool(getattr(flags, 'c_contiguous', True))
+        return DeviceBuffer(data.ptr, obj.size, obj.dtype, contiguous, 'cupy', device=dev_id)
+    cai = getattr(obj, '__cuda_array_interface__', None)
+    if isinstance(cai, dict):
+        ptr, readonly = cai['data']
+        shape = tuple(int(n) for n in cai['shape'])
+        dtype = np.dtype(cai['typestr'])
+        strides = cai.get('strides')
+        count = int(np.prod(shape)) if shape else 1
+        contiguous = (strides is None or count <= 1 or
+                      tuple(strides) == _c_contiguous_strides(shape, dtype.itemsize))
+        stream = cai.get('stream')
+        # CAI v3: 0 is disallowed, None means "no synchronisation needed".
+        stream = int(stream) if stream else None
+        return DeviceBuffer(ptr or 0, count, dtype, contiguous, 'cai',
+                            stream=stream, readonly=readonly)
+    raise TypeError('NCCL allreduce needs a device array (CuPy ndarray, pygpu GpuArray '
+                    'or an object with __cuda_array_interface__), got %s' % _type_name(obj))
+
+
+def device_pointer(obj):
+    """The device address (int) of a device array; see :func:`device_buffer`."""
+    return device_buffer(obj).ptr
+
+
+def float32_device_buffer(obj):
+    """:func:`device_buffer`, refusing what an in-place float32 sum cannot use."""
+    info = device_buffer(obj)
+    if info.dtype != np.float32:
+        raise TypeError('NCCL allreduce needs float32, got %s (%s)' % (info.dtype, _type_name(obj)))
+    if not info.contiguous:
+        raise ValueError('NCCL allreduce needs a C-contiguous buffer (copy it into a '
+                         'contiguous bucket first), got a strided %s' % _type_name(obj))
+    if info.readonly:
+        raise ValueError('NCCL allreduce sums in place; the buffer is read-only')
+    return info
+
+
+# -- cross-rank checks (pure functions: unit-tested with fake gathered lists) --
+
+def check_sizes(gathered):
+    """Raise ``ValueError`` unless every rank started the same buffers.
+
+    ``gathered[r]`` is rank r's list of ``(name, count)`` in start order
+    (what an allgather of each rank's list returns).
+    """
+    ref = list(gathered[0])
+    problems = []
+    for r, entries in enumerate(gathered[1:], 1):
+        entries = list(entries)
+        if len(entries) != len(ref):
+            problems.append('rank 0 started %d buffer(s), rank %d started %d'
+                            % (len(ref), r, len(entries)))
+            continue
+        for i, (mine, theirs) in enumerate(zip(ref, entries)):
+            if tuple(mine) != tuple(theirs):
+                problems.append('allreduce #%d: rank 0 has %r (%d float32), rank %d has %r (%d float32)'
+                                % (i, mine[0], mine[1], r, theirs[0], theirs[1]))
+                break
+    if problems:
+        shown = problems[:4] + (['... %d more rank(s)' % (len(problems) - 4)]
+                                if len(problems) > 4 else [])
+        raise ValueError('allreduce buffers differ across ranks: %s. Every rank must '
+                         'start the same buffers, same sizes, same order (same model, '
+                         'same bucket plan).' % '; '.join(shown))
+
+
+def check_one_rank_per_gpu(gathered):
+    """Raise ``RuntimeError`` when two ranks would share one GPU.
+
+    ``gathered[r]`` is ``(hostname, pci_bus_id)`` of rank r (bus id None
+    when unknown; such ranks are not compared). NCCL refuses duplicate
+    GPUs in a communicator; saying so here names the ranks.
+    """
+    seen = {}
+    for r, (host, bus) in enumerate(gathered):
+        if bus is None:
+            continue
+        seen.setdefault((host, bus), []).append(r)
+    clashes = ['ranks %s on %s GPU %s' % (','.join(map(str, rs)), host, bus)
+               for (host, bus), rs in sorted(seen.items()) if len(rs) > 1]
+    if clashes:
+        raise RuntimeError('NCCL needs one rank per GPU, but %s. Launch at most one '
+                           'rank per GPU per node (bind by local rank, or set '
+                           'CUDA_VISIBLE_DEVICES per rank).' % '; '.join(clashes))
+
+
+# -- helpers ------------------------------------------------------------------
+
+def _import_cupy():
+    try:
+        import cupy
+    except Exception as exc:
+        raise NCCLUnavailable('the NCCL backend needs CuPy for CUDA streams and events '
+                              '(%s: %s): %s' % (type(exc).__name__, exc, CUPY_HINT))
+    return cupy
+
+
+def _device_count(cp):
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise NCCLUnavailable('no CUDA device visible to this process (%s: %s)'
+                              % (type(exc).__name__, exc))
+    if n < 1:
+        raise NCCLUnavailable('no CUDA device visible to this process '
+                              '(check CUDA_VISIBLE_DEVICES)')
+    return n
+
+
+def _local_rank(comm):
+    """(rank on this node, ranks on this node or None): who gets which GPU."""
+    try:
+        from mpi4py import MPI
+        if isinstance(comm, MPI.Comm):
+            # Ranks sharing memory share a node: the portable way to learn
+            # the local rank, whatever launcher started the job.
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+            try:
+                return node.Get_rank(), node.Get_size()
+            finally:
+                node.Free()
+    except Exception:
+        pass
+    return comm.Get_rank(), None
+
+
+def probe(_cupy=None):
+    """``(ok, reason)``: can the NCCL backend run here? Never raises."""
+    try:
+        try:
+            lib = load_library()
+        except NCCLUnavailable as exc:
+            if 'not installed' in str(exc):
+                return False, 'libnccl not installed (pip install nvidia-nccl-cu12, or theanompi_ext[gpu])'
+            return False, str(exc)
+        ver = 'NCCL %s' % lib.version_string()
+        try:
+            cp = _cupy if _cupy is not None else _import_cupy()
+        except NCCLUnavailable:
+            return False, '%s loaded but CuPy missing (%s)' % (ver, CUPY_HINT)
+        try:
+            n = _device_count(cp)
+        except NCCLUnavailable as exc:
+            return False, '%s loaded but %s' % (ver, exc)
+        return True, '%s from %s (%s), %d CUDA device(s)' % (ver, lib.path, lib.source, n)
+    except Exception as exc:   # the promise: report, never raise
+        return False, 'NCCL probe failed: %s: %s' % (type(exc).__name__, exc)
+
+
+# -- handle -------------------------------------------------------------------
+
+class NCCLHandle(Handle):
+    """A started NCCL allreduce: finished when its ``done`` event fires.
+
+    ``t_start`` is the host time of enqueueing; ``t_end`` the host time at
+    which completion was observed (host-synchronised wait or :meth:`done`
+    returning True), or, after a stream wait only, when that wait was
+    enqueued (``host_synced`` tells which). Device-side durations would
+    need CUDA timing events.
+    """
+
+    def __init__(self, buf, name, done_event, owner, sync=False):
+        Handle.__init__(self, buf, name)
+        self.t_start = self.t_queued
+        self.host_synced = False
+        self._done_event = done_event
+        self._owner = owner
+        self._sync = sync
+
+    def done(self):
+        """True once the sum is in the buffer (queries the event, never blocks)."""
+        if not self._event.is_set() and self._done_event.done:
+            self.host_synced = True
+            self._finish()
+        return self._event.is_set()
+
+    def wait(self, timeout=None, sync=None):
+        """Order later work after the sum; return the buffer.
+
+        Default: the *current* CuPy stream waits on the done event, the host
+        does not block. ``sync=True`` (or the communicator's ``sync_wait``,
+        or any ``timeout``) blocks the host until the sum is there and then
+        reports asynchronous NCCL failures.
+        """
+        sync = self._sync if sync is None else sync
+        if sync or timeout is not None:
+            if timeout is None:
+                self._done_event.synchronize()
+            else:
+                deadline = time.perf_counter() + timeout
+                while not self._done_event.done:
+                    if time.perf_counter() > deadline:
+                        raise TimeoutError('allreduce %r did not finish within %.1f s'
+                                           % (self.name, timeout))
+                    time.sleep(50e-6)
+            if not self._event.is_set():
+                self._finish()
+            self.host_synced = True
+            self._owner._raise_async_error(self.name)
+        else:
+            self._owner._cp.cuda.get_current_stream().wait_event(self._done_event)
+            # Not finished yet (done() keeps querying the event); t_end is
+            # provisional until completion is observed.
+            if self.t_end is None:
+                self.t_end = time.perf_counter()
+        return self.buf
+
+
+# -- communicator ---------------------------------------------------------------
+
+class NCCLCommunicator(Communicator):
+    """NCCL allreduce of float32 device buffers; small objects over MPI.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator (default ``MPI.COMM_WORLD``); its ranks are the NCCL ranks.
+    device : CUDA ordinal; default: local rank (MPI_COMM_TYPE_SHARED split) modulo
+        the visible device count.
+    stream : the communication stream (CuPy stream or raw ``cudaStream_t`` int);
+        default: a new non-blocking stream, at the device's highest priority
+        where CuPy's ``Stream`` takes ``priority=`` (so NCCL's blocks are
+        scheduled ahead of queued compute blocks); CuPy 13 has no stream
+        priorities and gets a normal-priority stream.
+    size_check : 'first' (default), 'always' or 'off' (see module docstring).
+    sync_wait : if True, ``Handle.wait()`` blocks the host by default.
+    compute_stream : stream the buffers are produced on (CuPy stream or raw int);
+        default: the current CuPy stream at each start.
+    lib, cupy : injected library / CuPy module (tests).
+    """
+    name = 'nccl'
+
+    def __init__(self, comm=None, device=None, stream=None, size_check='first',
+                 sync_wait=False, compute_stream=None, lib=None, cupy=None):
+        if size_check not in SIZE_CHECKS:
+            raise ValueError('size_check must be one of %s, got %r' % (SIZE_CHECKS, size_check))
+        if comm is None:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.size_check = size_check
+        self.sync_wait = bool(sync_wait)
+        self._nccl = None
+        self._seen = {}
+        self._inflight = []
+        local_rank, _ = _local_rank(comm)   # collective: before anything can fail
+
+        # Everything that can fail on one rank only is gathered before the
+        # first collective NCCL step, so every rank raises instead of some
+        # hanging in ncclCommInitRank.
+        error, where, cause = None, (socket.gethostname(), None), None
+        try:
+            self.lib = lib if lib is not None else load_library()
+            self._cp = cupy if cupy is not None else _import_cupy()
+            self.device = self._select_device(device, local_rank)
+            where = (where[0], self._bus_id())
+            self.stream = self._as_stream(stream) if stream is not None else self._new_stream()
+            self._compute = self._as_stream(compute_stream) if compute_stream is not None else None
+        except Exception as exc:
+            error, cause = '%s: %s' % (type(exc).__name__, exc), exc
+        gathered = comm.allgather((error, where))
+        failed = [(r, e) for r, (e, _) in enumerate(gathered) if e]
+        if failed:
+            msg = '; '.join('rank %d: %s' % (r, e) for r, e in failed[:4])
+            raise NCCLUnavailable('NCCL backend unusable on %d of %d rank(s): %s'
+                                  % (len(failed), self.size, msg)) from cause
+        check_one_rank_per_gpu([w for _, w in gathered])
+
+        if self.rank == 0:
+            try:
+                payload = ('ok', self.lib.get_unique_id())
+            except Exception as exc:
+                payload = ('error', '%s: %s' % (type(exc).__name__, exc))
+        else:
+            payload = None
+        status, uid = comm.bcast(payload, root=0)
+        if status != 'ok':
+            raise NCCLUnavailable('rank 0 could not create the NCCL unique id: %s' % uid)
+        with self._cp.cuda.Device(self.device):
+            self._nccl = self.lib.comm_init_rank(self.size, uid, self.rank)
+        count, urank = self.lib.comm_count(self._nccl), self.lib.comm_user_rank(self._nccl)
+        if (count, urank) != (self.size, self.rank):
+            raise NCCLError('ncclCommInitRank', 3, 'communicator is rank %s of %s, MPI says %d of %d'
+                            % (urank, count, self.rank, self.size))
+
+    @property
+    def nccl_comm(self):
+        """The raw ``ncclComm_t`` (ctypes ``c_void_p``), for direct calls through ``self.lib``."""
+        return self._nccl
+
+    # -- setup helpers ----------------------------------------------------------
+    def _select_device(self, device, local_rank):
+        n = _device_count(self._cp)
+        if device is None:
+            device = local_rank % n
+        elif not 0 <= int(device) < n:
+            raise ValueError('device %r out of range: %d CUDA device(s) visible' % (device, n))
+        device = int(device)
+        self._cp.cuda.Device(device).use()
+        return device
+
+    def _bus_id(self):
+        try:
+            return self._cp.cuda.Device(self.device).pci_bus_id
+        except Exception:
+            return None     # unknown: the duplicate-GPU check skips this rank
+
+    def _new_stream(self):
+        cp = self._cp
+        with cp.cuda.Device(self.device):
+            try:
+                _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+                return cp.cuda.Stream(non_blocking=True, priority=greatest)
+            except (TypeError, AttributeError):   # CuPy without stream priorities
+                return cp.cuda.Stream(non_blocking=True)
+
+    def _as_stream(self, stream):
+        if isinstance(stream, int):
+            return self._cp.cuda.ExternalStream(stream)
+        return stream
+
+    # -- size checks --------------------------------------------------------------
+    def check_plan(self, entries):
+        """Collective: verify every rank will start the same buffers.
+
+        ``entries``: ``(name, count)`` pairs or device arrays (named by
+        position), in start order. Raises ``ValueError`` on every rank on a
+        mismatch; on success the names count as checked.
+        """
+        plan = []
+        for i, e in enumerate(entries):
+            if isinstance(e, tuple):
+                plan.append((e[0], int(e[1])))
+            else:
+                plan.append(('#%d' % i, float32_device_buffer(e).count))
+        check_sizes(self.comm.allgather(plan))
+        for name, count in plan:
+            self._seen[name] = count
+
+    def _check_size(self, name, count):
+        if self.size == 1 or self.size_check == 'off':
+            return
+        if self.size_check == 'first' and name is not None and self._seen.get(name) == count:
+            return
+        check_sizes([[entry] for entry in self.comm.allgather((name, count))])
+        if name is not None:
+            self._seen[name] = count
+
+    # -- allreduce ----------------------------------------------------------------
+    def start_allreduce(self, buf, name=None):
+        """Enqueue an in-place float32 sum of ``buf`` on the comm stream; see module docstring."""
+        if self._nccl is None:
+            raise RuntimeError('NCCL communicator is closed')
+        info = float32_device_buffer(buf)
+        if info.device is not None and info.device != self.device:
+            raise ValueError('buffer %r is on cuda:%d, the communicator on cuda:%d'
+                             % (name, info.device, self.device))
+        self._check_size(name, info.count)
+        cp = self._cp
+        if self._compute is not None:
+            compute = self._compute
+        elif info.stream is not None:
+            compute = cp.cuda.ExternalStream(info.stream)   # producer's stream (CAI v3)
+        else:
+            compute = cp.cuda.get_current_stream()
+        with cp.cuda.Device(self.device):
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record(compute)
+            self.stream.wait_event(ready)
+            self.lib.all_reduce(info.ptr, info.ptr, info.count, NCCL_FLOAT32, NCCL_SUM,
+                                self._nccl, self.stream.ptr)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(self.stream)
+        handle = NCCLHandle(buf, name, done, self, sync=self.sync_wait)
+        # Keep buffers referenced until NCCL is through with them: CuPy's
+        # pool could otherwise hand the memory to the compute stream while
+        # the comm stream still reads it.
+        self._inflight = [h for h in self._inflight if not h.done()]
+        self._inflight.append(handle)
+        return handle
+
+    def allreduce(self, buf):
+        """Sum ``buf`` over all ranks in place; returns once the host can read it."""
+        self.start_allreduce(buf).wait(sync=True)
+        return buf
+
+    def _raise_async_error(self, name):
+        if self._nccl is None:
+            return
+        code = self.lib.comm_async_error(self._nccl)
+        if code:
+            raise NCCLError('ncclAllReduce(%r)' % (name,), code, self.lib.error_string(code))
+
+    # -- small objects over MPI ---------------------------------------------------
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code=1):
+        if self._nccl is not None:
+            try:   # unblock any kernel waiting on a dead peer before MPI kills us
+                self.lib.comm_abort(self._nccl)
+            except Exception:
+                pass
+            self._nccl = None
+        self.comm.Abort(code)
+
+    def close(self):
+        if self._nccl is None:
+            return
+        self.stream.synchronize()
+        self._inflight = []
+        comm, self._nccl = self._nccl, None
+        self.lib.comm_destroy(comm)
+
+    def describe(self):
+        try:
+            dev = 'cuda:%d' % self.device
+        except AttributeError:
+            dev = 'no device'
+        return 'nccl rank %d/%d (NCCL %s from %s, %s, size_check=%s)' % (
+            self.rank, self.size, self.lib.version_string(), self.lib.source, dev,
+            self.size_check)
+
+
+__all__ = ['NCCLCommunicator', 'NCCLHandle', 'DeviceBuffer', 'device_buffer',
+           'device_pointer', 'float32_device_buffer', 'is_device_array',
+           'check_sizes', 'check_one_rank_per_gpu', 'probe', 'NCCLUnavailable',
+           'NCCLError', 'INSTALL_HINT']

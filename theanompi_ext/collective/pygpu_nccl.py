@@ -1,0 +1,133 @@
+"""Allreduce through pygpu's own NCCL communicator (Theano-MPI's ``gpucomm``).
+
+Where Theano's GPU backend (pygpu/libgpuarray built with NCCL) is
+installed, Theano-MPI already holds a ``pygpu.collectives.GpuComm``. Its
+documented API (pygpu 0.7)::
+
+    GpuCommCliqueId(context=None)          .comm_id -> bytes (settable)
+    GpuComm(cid, ndev, rank)               .count, .rank  (get_count()/get_rank() in older builds)
+    comm.all_reduce(src, op, dest=None)    op in '+', 'sum', '*', 'prod', 'max', 'min'
+    comm.broadcast(array, root=-1), comm.all_gather(src, dest=None), comm.reduce(...)
+
+``all_reduce`` enqueues ``ncclAllReduce`` on the GpuContext's own stream,
+the stream Theano's kernels run on, so stream order already puts the sum
+after the gradient that produced it and before the update that reads it;
+there is no separate communication stream and therefore no overlap with
+compute on the GPU. A started allreduce here is "enqueued", and waiting
+costs nothing unless the host must read the result (``sync=True`` calls
+``GpuArray.sync()``).
+
+pygpu is not installable from any reachable registry; this class is
+written to the documented API and tested against a fake that mirrors it.
+"""
+from .base import Communicator, Handle
+from .nccl import check_sizes, float32_device_buffer, SIZE_CHECKS
+
+
+def _comm_int(gpucomm, attr):
+    # pygpu >= 0.7 exposes .count/.rank; earlier builds get_count()/get_rank().
+    value = getattr(gpucomm, attr, None)
+    if value is None:
+        value = getattr(gpucomm, 'get_' + attr)
+    return int(value() if callable(value) else value)
+
+
+def make_gpucomm(context, comm=None):
+    """Build a ``pygpu.collectives.GpuComm`` over ``comm``'s ranks (Theano-MPI's recipe).
+
+    Rank 0 makes the clique id on ``context``; MPI broadcasts its bytes;
+    every rank builds ``GpuComm(cid, size, rank)`` (collective).
+    """
+    from pygpu import collectives
+    if comm is None:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    cid = collectives.GpuCommCliqueId(context=context)
+    uid = comm.bcast(bytes(cid.comm_id) if comm.Get_rank() == 0 else None, root=0)
+    cid.comm_id = bytearray(uid)
+    return collectives.GpuComm(cid, comm.Get_size(), comm.Get_rank())
+
+
+class PygpuHandle(Handle):
+    """An allreduce enqueued on the pygpu context stream (see module docstring)."""
+
+    def __init__(self, buf, name):
+        Handle.__init__(self, buf, name)
+        self.t_start = self.t_queued
+
+    def done(self):
+        """Always True: later pygpu work on this context is ordered after the sum."""
+        return True
+
+    def wait(self, timeout=None, sync=False):
+        """Return the buffer; with ``sync=True`` block the host until it holds the sum."""
+        if sync and hasattr(self.buf, 'sync'):
+            self.buf.sync()
+        if not self._event.is_set():
+            self._finish()
+        return self.buf
+
+
+class PygpuNCCLCommunicator(Communicator):
+    """Communicator over a pygpu ``GpuComm`` (device sums) and an MPI comm (host objects).
+
+    ``gpucomm``: a ``pygpu.collectives.GpuComm`` (see :func:`make_gpucomm`);
+    ``comm``: the mpi4py communicator of the same ranks (default COMM_WORLD).
+    ``size_check`` as for :class:`~.nccl.NCCLCommunicator`.
+    """
+    name = 'pygpu-nccl'
+
+    def __init__(self, gpucomm, comm=None, size_check='first'):
+        if size_check not in SIZE_CHECKS:
+            raise ValueError('size_check must be one of %s, got %r' % (SIZE_CHECKS, size_check))
+        if comm is None:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        self.gpucomm = gpucomm
+        self.comm = comm
+        self.rank = _comm_int(gpucomm, 'rank')
+        self.size = _comm_int(gpucomm, 'count')
+        if (self.rank, self.size) != (comm.Get_rank(), comm.Get_size()):
+            raise ValueError('gpucomm is rank %d of %d but the MPI comm is rank %d of %d; '
+                             'build the gpucomm over the same ranks'
+                             % (self.rank, self.size, comm.Get_rank(), comm.Get_size()))
+        self.size_check = size_check
+        self._seen = {}
+
+    def _check_size(self, name, count):
+        if self.size == 1 or self.size_check == 'off':
+            return
+        if self.size_check == 'first' and name is not None and self._seen.get(name) == count:
+            return
+        check_sizes([[e] for e in self.comm.allgather((name, count))])
+        if name is not None:
+            self._seen[name] = count
+
+    def start_allreduce(self, buf, name=None):
+        """Enqueue ``all_reduce(buf, '+', buf)`` on the context stream; return a handle."""
+        info = float32_device_buffer(buf)
+        if info.kind != 'pygpu':
+            raise TypeError('PygpuNCCLCommunicator needs a pygpu GpuArray, got %s; use the '
+                            '"nccl" backend for CuPy arrays' % type(buf).__name__)
+        self._check_size(name, info.count)
+        self.gpucomm.all_reduce(buf, '+', buf)
+        return PygpuHandle(buf, name)
+
+    def allreduce(self, buf):
+        """Sum ``buf`` in place over all ranks; returns once the host could read it."""
+        return self.start_allreduce(buf).wait(sync=True)
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code=1):
+        self.comm.Abort(code)
+
+    def describe(self):
+        return 'pygpu-nccl rank %d/%d (pygpu GpuComm on the context stream)' % (self.rank, self.size)

@@ -1,0 +1,74 @@
+"""Theano-MPI ``exch_strategy`` names -> collective backends, and an automatic choice.
+
+==============  ===========  ==============================================
+exch_strategy   backend      notes
+==============  ===========  ==============================================
+``ar``          ``mpi``      host-memory MPI allreduce
+``nccl32``      ``nccl``     NCCL float32 sum of device buffers
+``nccl16``      (refused)    fp16-compressed NCCL exchange: not implemented
+``asa32``       (refused)    alltoall-sum-allgather over CUDA-aware MPI:
+``asa16``       (refused)    not implemented; ``nccl32`` does the same job
+==============  ===========  ==============================================
+
+``nccl16`` is refused rather than emulated: a cast to float16, sum and
+cast back changes the arithmetic of the Goyal et al. recipe (gradients
+summed over hundreds of ranks overflow/underflow in fp16 without loss
+scaling), and it could not be tested here without a GPU.
+"""
+from .nccl_lib import INSTALL_HINT, NCCLUnavailable
+
+EXCH_STRATEGIES = {'ar': 'mpi', 'nccl32': 'nccl'}
+
+_REFUSED = {
+    'nccl16': "exch_strategy 'nccl16' (fp16-compressed NCCL allreduce) is not "
+              "implemented; use 'nccl32' (float32 NCCL) or 'ar' (MPI)",
+    'asa32': "exch_strategy 'asa32' (alltoall-sum-allgather over CUDA-aware MPI) is not "
+             "implemented; use 'nccl32' for GPU buffers or 'ar' for host buffers",
+    'asa16': "exch_strategy 'asa16' (fp16 alltoall-sum-allgather) is not implemented; "
+             "use 'nccl32' or 'ar'",
+}
+
+
+def backend_for_strategy(exch_strategy):
+    """Backend name ('mpi', 'nccl') for a Theano-MPI ``exch_strategy``.
+
+    Raises ``NotImplementedError`` for known strategies this package does
+    not implement (``nccl16``, ``asa32``, ``asa16``) and ``ValueError`` for
+    unknown names.
+    """
+    key = str(exch_strategy).lower()
+    if key in EXCH_STRATEGIES:
+        return EXCH_STRATEGIES[key]
+    if key in _REFUSED:
+        raise NotImplementedError(_REFUSED[key])
+    raise ValueError('unknown exch_strategy %r; choose from %s'
+                     % (exch_strategy, sorted(EXCH_STRATEGIES)))
+
+
+def choose_backend(buf=None, probe=None):
+    """'nccl' when ``buf`` lives on a GPU and NCCL can run here, else 'mpi'.
+
+    ``buf``: a representative buffer (CuPy/pygpu/``__cuda_array_interface__``
+    array, a numpy array, or None when unknown: host memory is assumed).
+    A GPU buffer with NCCL unusable raises :class:`NCCLUnavailable` naming
+    what to install, since the MPI backend cannot sum device memory.
+    ``probe``: injected ``() -> (ok, reason)`` (tests); default
+    :func:`theanompi_ext.collective.nccl.probe`.
+    """
+    from .nccl import is_device_array
+    if not is_device_array(buf):
+        return 'mpi'
+    if probe is None:
+        from .nccl import probe
+    ok, reason = probe()
+    if ok:
+        return 'nccl'
+    raise NCCLUnavailable('buffers of type %s live on a GPU but the NCCL backend cannot '
+                          'run: %s. Install the GPU extra: %s'
+                          % (type(buf).__name__, reason, INSTALL_HINT))
+
+
+def create_for_strategy(exch_strategy, **options):
+    """A communicator for a Theano-MPI ``exch_strategy`` name (see module table)."""
+    from .registry import create_communicator
+    return create_communicator(backend_for_strategy(exch_strategy), **options)

@@ -1,0 +1,175 @@
+"""Allreduce cost models (alpha-beta): how long one allreduce of N bytes takes.
+
+Every model is ``latency_terms * alpha + byte_terms * N / bandwidth``, so an
+allreduce's cost is linear in its size. Bandwidths are in bytes per second,
+latencies in seconds; the CLI converts from Gbit/s and microseconds.
+
+Formulas, for ``p`` ranks and ``N`` bytes (Thakur, Rabenseifner & Gropp
+2005; Patarasuk & Yuan 2009):
+
+``ring``
+    reduce-scatter then allgather around a ring, ``2(p-1)`` steps of ``N/p``
+    bytes: ``2(p-1) alpha + 2(p-1)/p N/bw``.
+``rhd`` (recursive halving / doubling)
+    for ``p`` a power of two: ``2 log2(p) alpha + 2(p-1)/p N/bw``. Otherwise
+    binary blocks (Rabenseifner & Traeff 2004; what Goyal et al. use): ``p``
+    is split into power-of-two blocks ``p = B0 + b1 + b2 + ...`` (its binary
+    digits, ``B0`` the largest); each block halves within itself, every
+    smaller block ``b`` hands its ``N/b``-byte segments to the next larger
+    block and gets the result back. Cost: ``2 log2(B0) alpha + 2(B0-1)/B0
+    N/bw + sum over smaller blocks b of 2 (alpha + N/(b bw))``. For ``p = 3``
+    this is the familiar fold-in ``2 alpha + N/bw + 2 (alpha + N/bw)``. The
+    small blocks' own halving runs while the big one's does, so it is not
+    counted; their hand-offs are counted one after another (conservative).
+``hierarchical`` (NCCL-style, Goyal et al. 2017 section 4)
+    ``G`` GPUs per server, ``k/G`` servers: an intra-node reduce to a leader,
+    an inter-node allreduce among the leaders, and an
+    intra-node broadcast. The leaders always use ``rhd`` (binary blocks when
+    the number of servers is not a power of two), as the paper does. Reduce
+    and broadcast are pipelined chains (NCCL's ring reduce/broadcast):
+    ``(G-1) alpha_intra + N/bw_intra`` each.
+
+The flat algorithms (``ring``, ``rhd``) use the intra-node link while all
+``k`` ranks fit in one server and the inter-node link otherwise: every step
+is charged at the slowest link it crosses. For a ring with ranks numbered
+server by server that is exact (one ring edge per direction leaves each
+server). For ``rhd`` it ignores that the ``G`` ranks of a server share its
+NIC in the cross-server steps; with the in-server steps done first those
+steps move about as many bytes per NIC as ``hierarchical``'s inter phase,
+so flat ``rhd`` on multi-GPU servers is an estimate, not a bound.
+"""
+import math
+from dataclasses import dataclass
+
+ALGORITHMS = ('ring', 'rhd', 'hierarchical')
+
+
+def _check_ranks(p):
+    if int(p) != p or p < 1:
+        raise ValueError('number of ranks must be a positive integer, got %r' % (p,))
+    return int(p)
+
+
+def _check_link(alpha, bw):
+    if not (alpha >= 0 and math.isfinite(alpha)):
+        raise ValueError('latency must be >= 0 and finite, got %r s' % (alpha,))
+    if not (bw > 0 and math.isfinite(bw)):
+        raise ValueError('bandwidth must be > 0 and finite, got %r bytes/s' % (bw,))
+
+
+def ring_allreduce(nbytes, p, alpha, bw):
+    """Seconds for a ring allreduce of ``nbytes`` over ``p`` ranks."""
+    p = _check_ranks(p)
+    _check_link(alpha, bw)
+    if p == 1:
+        return 0.0
+    return 2 * (p - 1) * alpha + 2.0 * (p - 1) / p * nbytes / bw
+
+
+def rhd_allreduce(nbytes, p, alpha, bw):
+    """Seconds for a recursive halving/doubling allreduce over ``p`` ranks.
+
+    Non-powers of two use binary blocks (see the module doc).
+    """
+    p = _check_ranks(p)
+    _check_link(alpha, bw)
+    if p == 1:
+        return 0.0
+    blocks = [1 << i for i in range(p.bit_length()) if p >> i & 1]
+    big = blocks.pop()                      # largest power of two <= p
+    t = 2 * math.log2(big) * alpha + 2.0 * (big - 1) / big * nbytes / bw
+    for b in blocks:
+        # A block of b ranks holds segments of N/b after its own halving,
+        # hands them to the next larger block and gets the result back.
+        t += 2 * (alpha + nbytes / b / bw)
+    return t
+
+
+def chain_reduce(nbytes, p, alpha, bw):
+    """Seconds for a pipelined chain reduce (or broadcast) over ``p`` ranks."""
+    p = _check_ranks(p)
+    _check_link(alpha, bw)
+    if p == 1:
+        return 0.0
+    return (p - 1) * alpha + nbytes / bw
+
+
+@dataclass(frozen=True)
+class Network:
+    """A cluster's interconnect and the allreduce algorithm run on it.
+
+    ``alpha``/``bandwidth`` describe the inter-node link (seconds, bytes/s),
+    ``intra_alpha``/``intra_bandwidth`` the link between GPUs of one server.
+    """
+    algorithm: str = 'hierarchical'
+    alpha: float = 10e-6
+    bandwidth: float = 50e9 / 8
+    intra_alpha: float = 5e-6
+    intra_bandwidth: float = 160e9 / 8
+    gpus_per_node: int = 8
+
+    def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError('unknown allreduce algorithm %r (choose from %s)'
+                             % (self.algorithm, ', '.join(ALGORITHMS)))
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError('inter-node bandwidth must be > 0, got %r Gbit/s'
+                             % (self.bandwidth * 8 / 1e9,))
+        if not (self.intra_bandwidth > 0 and math.isfinite(self.intra_bandwidth)):
+            raise ValueError('intra-node bandwidth must be > 0, got %r Gbit/s'
+                             % (self.intra_bandwidth * 8 / 1e9,))
+        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise ValueError('inter-node latency must be >= 0, got %r us'
+                             % (self.alpha * 1e6,))
+        if not (self.intra_alpha >= 0 and math.isfinite(self.intra_alpha)):
+            raise ValueError('intra-node latency must be >= 0, got %r us'
+                             % (self.intra_alpha * 1e6,))
+        if int(self.gpus_per_node) != self.gpus_per_node or self.gpus_per_node < 1:
+            raise ValueError('gpus per node must be a positive integer, got %r'
+                             % (self.gpus_per_node,))
+
+    @classmethod
+    def from_units(cls, algorithm='hierarchical', bandwidth_gbit=50.0,
+                   latency_us=10.0, intra_bandwidth_gbit=160.0,
+                   intra_latency_us=5.0, gpus_per_node=8):
+        """Build from Gbit/s and microseconds, the CLI's units."""
+        return cls(algorithm=algorithm,
+                   alpha=latency_us * 1e-6,
+                   bandwidth=bandwidth_gbit * 1e9 / 8,
+                   intra_alpha=intra_latency_us * 1e-6,
+                   intra_bandwidth=intra_bandwidth_gbit * 1e9 / 8,
+                   gpus_per_node=gpus_per_node)
+
+    def check_workers(self, k):
+        """Raise ValueError if ``k`` workers cannot run on this network."""
+        k = _check_ranks(k)
+        if (self.algorithm == 'hierarchical' and k > 1
+                and k % self.gpus_per_node != 0):
+            raise ValueError(
+                'hierarchical allreduce needs whole servers: k=%d GPUs is not a '
+                'multiple of gpus-per-node=%d' % (k, self.gpus_per_node))
+        return k
+
+    def allreduce(self, nbytes, k):
+        """Seconds for one allreduce of ``nbytes`` among ``k`` workers."""
+        if nbytes < 0:
+            raise ValueError('message size must be >= 0 bytes, got %r' % (nbytes,))
+        k = self.check_workers(k)
+        if k == 1:
+            return 0.0                       # nothing to exchange
+        if self.algorithm == 'hierarchical':
+            g = min(self.gpus_per_node, k)
+            nodes = k // g
+            return (chain_reduce(nbytes, g, self.intra_alpha, self.intra_bandwidth)
+                    + rhd_allreduce(nbytes, nodes, self.alpha, self.bandwidth)
+                    + chain_reduce(nbytes, g, self.intra_alpha, self.intra_bandwidth))
+        if k <= self.gpus_per_node:
+            alpha, bw = self.intra_alpha, self.intra_bandwidth
+        else:
+            alpha, bw = self.alpha, self.bandwidth
+        algo = ring_allreduce if self.algorithm == 'ring' else rhd_allreduce
+        return algo(nbytes, k, alpha, bw)
+
+    def barrier(self, k):
+        """Seconds for a barrier: an allreduce of zero bytes (latency only)."""
+        return self.allreduce(0, k)
