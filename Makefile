@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STRATEGY ?= ar
 # One Theano compile cache for the whole project (ignored by git).
 export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
 # One BLAS thread per rank: ranks, not threads, use the cores.
@@ -20,7 +21,9 @@ $(STAMP): setup.py requirements.txt requirements-dev.txt
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/theanompi-ext train --workers 2 --model digits_cnn --epochs 6 \
+	$(VENV)/bin/theanompi-ext train --workers 2 --model digits_cnn --epochs 8 \
+	    --batch-per-worker 32 --base-lr 0.05 --ref-batch 32 --warmup-epochs 2 \
+	    --decay-epochs 6 --exch-strategy $(DEMO_STRATEGY) \
 	    --out runs/demo
 
 test: install

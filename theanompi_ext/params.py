@@ -4,8 +4,8 @@ Parameters are tagged where a layer creates them (Lasagne's idea), so the
 exchanger and weight decay select them structurally, never by name:
 
 ``trainable``      updated by the optimiser.
-``regularizable``  receives weight decay (weights; not biases, not BN).
-``bn_affine``      a batch-norm gamma or beta.
+``bn_affine``      a batch-norm gamma or beta (no weight decay; by default
+                   updated locally and never exchanged).
 ``bn_stat``        a batch-norm running mean/variance (per-worker state,
                    never trainable, never exchanged).
 ``bias``           a bias (Theano-MPI's weight type ``'b'``).
@@ -16,7 +16,7 @@ work on vectors of that layout.
 """
 import numpy as np
 
-TAGS = ('trainable', 'regularizable', 'bn_affine', 'bn_stat', 'bias')
+TAGS = ('trainable', 'bn_affine', 'bn_stat', 'bias')
 _ATTR = 'theanompi_ext_tags'
 
 
