@@ -99,6 +99,26 @@ class Communicator(object):
         return '%s rank %d/%d' % (self.name, self.rank, self.size)
 
 
+class ObjectsOverMPI(object):
+    """Small-object collectives of a backend that holds an mpi4py ``comm``.
+
+    Every backend (MPI, NCCL, pygpu) exchanges plans and checks over MPI,
+    so they share these four methods.
+    """
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def abort(self, code=1):
+        self.comm.Abort(code)
+
+
 def check_buffer(buf):
     """Refuse buffers a collective cannot use, with a message saying why."""
     import numpy as np

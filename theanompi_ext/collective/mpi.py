@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .base import Communicator, Handle, check_buffer
+from .base import Communicator, Handle, ObjectsOverMPI, check_buffer
 
 
 def _mpi():
@@ -30,7 +30,7 @@ def _mpi():
     return MPI
 
 
-class MPICommunicator(Communicator):
+class MPICommunicator(ObjectsOverMPI, Communicator):
     """Allreduce over an mpi4py communicator (COMM_WORLD by default)."""
     name = 'mpi'
 
@@ -99,19 +99,6 @@ class MPICommunicator(Communicator):
                 handle._finish(exc)
             else:
                 handle._finish()
-
-    # -- small objects ------------------------------------------------------
-    def allgather(self, obj):
-        return self.comm.allgather(obj)
-
-    def bcast(self, obj, root=0):
-        return self.comm.bcast(obj, root=root)
-
-    def barrier(self):
-        self.comm.Barrier()
-
-    def abort(self, code=1):
-        self.comm.Abort(code)
 
     def close(self):
         if self._thread is not None:

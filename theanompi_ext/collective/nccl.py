@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from .base import Communicator, Handle
+from .base import Communicator, Handle, ObjectsOverMPI
 from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM,
                        load_library, INSTALL_HINT)
 
@@ -351,7 +351,7 @@ class NCCLHandle(Handle):
 
 # -- communicator ---------------------------------------------------------------
 
-class NCCLCommunicator(Communicator):
+class NCCLCommunicator(ObjectsOverMPI, Communicator):
     """NCCL allreduce of float32 device buffers; small objects over MPI.
 
     Parameters
@@ -534,16 +534,6 @@ class NCCLCommunicator(Communicator):
         code = self.lib.comm_async_error(self._nccl)
         if code:
             raise NCCLError('ncclAllReduce(%r)' % (name,), code, self.lib.error_string(code))
-
-    # -- small objects over MPI ---------------------------------------------------
-    def allgather(self, obj):
-        return self.comm.allgather(obj)
-
-    def bcast(self, obj, root=0):
-        return self.comm.bcast(obj, root=root)
-
-    def barrier(self):
-        self.comm.Barrier()
 
     def abort(self, code=1):
         if self._nccl is not None:

@@ -20,7 +20,7 @@ costs nothing unless the host must read the result (``sync=True`` calls
 pygpu is not installable from any reachable registry; this class is
 written to the documented API and tested against a fake that mirrors it.
 """
-from .base import Communicator, Handle
+from .base import Communicator, Handle, ObjectsOverMPI
 from .nccl import check_sizes, float32_device_buffer, SIZE_CHECKS
 
 
@@ -68,7 +68,7 @@ class PygpuHandle(Handle):
         return self.buf
 
 
-class PygpuNCCLCommunicator(Communicator):
+class PygpuNCCLCommunicator(ObjectsOverMPI, Communicator):
     """Communicator over a pygpu ``GpuComm`` (device sums) and an MPI comm (host objects).
 
     ``gpucomm``: a ``pygpu.collectives.GpuComm`` (see :func:`make_gpucomm`);
@@ -116,18 +116,6 @@ class PygpuNCCLCommunicator(Communicator):
     def allreduce(self, buf):
         """Sum ``buf`` in place over all ranks; returns once the host could read it."""
         return self.start_allreduce(buf).wait(sync=True)
-
-    def allgather(self, obj):
-        return self.comm.allgather(obj)
-
-    def bcast(self, obj, root=0):
-        return self.comm.bcast(obj, root=root)
-
-    def barrier(self):
-        self.comm.Barrier()
-
-    def abort(self, code=1):
-        self.comm.Abort(code)
 
     def describe(self):
         return 'pygpu-nccl rank %d/%d (pygpu GpuComm on the context stream)' % (self.rank, self.size)

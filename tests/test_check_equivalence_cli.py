@@ -1,0 +1,27 @@
+"""The user-facing self-test really compares k ranks with one process."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from theanompi_ext.train.check_equivalence import max_relative_difference
+
+
+def test_max_relative_difference_by_hand():
+    a = {'w': np.array([1.0, 2.0]), 'b': np.array([0.5])}
+    b = {'w': np.array([1.0, 2.5]), 'b': np.array([0.25])}
+    # w: 0.5 / 2.5 = 0.2 ; b: 0.25 / 0.25 = 1.0
+    assert max_relative_difference(a, b) == 1.0
+
+
+def test_check_equivalence_two_ranks_prints_figure_last():
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'check-equivalence',
+                        '--workers', '2', '--steps', '12', '--subset', '128'],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.match(r'max relative parameter difference: ([0-9.e+-]+)$', last)
+    assert m, last
+    assert float(m.group(1)) < 1e-4
+    assert 'PASS' in r.stdout
