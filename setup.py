@@ -23,5 +23,6 @@ setup(
         'gpu': ['nvidia-nccl-cu12==2.28.9', 'cupy-cuda12x==13.6.0'],
         'test': ['pytest==9.2.0', 'hypothesis==6.170.17'],
     },
-    entry_points={'console_scripts': ['theanompi-ext=theanompi_ext.cli:main']},
+    entry_points={'console_scripts': ['theanompi-ext=theanompi_ext.cli:main',
+                                    'tmlauncher=theanompi_ext.tmlauncher:main']},
 )

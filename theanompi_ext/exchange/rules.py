@@ -18,6 +18,14 @@ class KnRule(object):
     def __init__(self, exchanger, optimizer):
         self.exchanger, self.optimizer = exchanger, optimizer
 
+    def state(self):
+        """Momentum and last rate (for checkpoints)."""
+        return self.optimizer.state()
+
+    def load_state(self, state):
+        """Restore :meth:`state`."""
+        self.optimizer.load_state(state)
+
     def step(self, values, grads, lr, reduced=False):
         """Exchange (unless the overlapped path already did) and update."""
         if not reduced:
@@ -33,6 +41,9 @@ class AvgRule(object):
     def __init__(self, comm, n_exch, optimizer, workers):
         self.comm, self.n_exch, self.optimizer = comm, n_exch, optimizer
         self.k = workers
+
+    state = KnRule.state
+    load_state = KnRule.load_state
 
     def step(self, values, grads, lr, reduced=False):
         grads *= np.float32(self.k)          # loss over n, not kn
@@ -71,9 +82,11 @@ class CddRule(object):
         values -= np.float32(lr) * self.lr_mult * step
 
     def state(self):
+        """Local momentum (for checkpoints); cdd keeps no previous rate."""
         return {'velocity': self.u.copy(), 'lr_prev': np.float64(0)}
 
     def load_state(self, state):
+        """Restore :meth:`state`."""
         self.u[...] = state['velocity']
 
 

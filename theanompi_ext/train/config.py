@@ -13,6 +13,8 @@ class TrainConfig(object):
     """Every option of a training run (see ``docs/usage.md``)."""
     model: str = 'digits_cnn'
     data: str = 'digits'                 # 'digits' or a path to an HDF5 file
+    crop: int = 0                        # HDF5 data: crop side (0 = stored size)
+    scale_min: float = 0.08              # random-resized crop area range [scale_min, 1]
     batch_per_worker: int = 32           # n
     epochs: int = 10
     base_lr: float = 0.1                 # at ref_batch
@@ -35,7 +37,8 @@ class TrainConfig(object):
     max_steps: int = 0                   # 0: whole epochs
     eval_every: int = 1                  # epochs
     out: str = ''
-    checkpoint: bool = True
+    checkpoint: bool = True              # write out/checkpoint.h5 (needs out)
+    checkpoint_every: int = 0            # iterations between checkpoints (0: each epoch)
     resume: bool = False
     timeline: str = ''
     quiet: bool = False
@@ -75,6 +78,14 @@ class TrainConfig(object):
             bad('bucket_cap_mb', 'bucket caps must be > 0')
         if self.max_steps < 0:
             bad('max_steps', 'must be >= 0')
+        if self.checkpoint_every < 0:
+            bad('checkpoint_every', 'must be >= 0')
+        if not 0 < self.scale_min <= 1:
+            bad('scale_min', 'must be in (0, 1]')
+        if self.crop < 0:
+            bad('crop', 'must be >= 0')
+        if self.resume and not self.out:
+            bad('resume', 'needs --out, the folder holding checkpoint.h5')
         return self
 
     def to_dict(self):

@@ -156,32 +156,96 @@ class Trainer(object):
         return tuple(float(v) for v in tot[:3] / max(tot[3], 1))
 
     def train(self):
-        """Run the configured epochs; return the summary dict (rank 0 logs progress)."""
+        """Run the configured epochs; return the summary dict (rank 0 logs progress).
+
+        The next batch is prepared on a background thread while the current
+        step runs; the time a step waited for data is reported per epoch.
+        With ``cfg.out`` set, a checkpoint is written after every epoch (or
+        every ``cfg.checkpoint_every`` iterations).
+        """
+        from ..data.prefetch import Prefetcher
         cfg = self.cfg
         t_start = time.perf_counter()
         step_times = []
+        partial = self._partial or {}
         for epoch in range(self.iteration // self.iters_per_epoch, cfg.epochs):
             perm = shards.epoch_permutation(len(self.data.y_train), epoch, cfg.data_seed)
-            t_ep, losses, errs = time.perf_counter(), [], []
-            for it in range(self.iteration % self.iters_per_epoch, self.iters_per_epoch):
-                if cfg.max_steps and self.iteration >= cfg.max_steps:
-                    break
-                x, y = self.data.train_batch(self.batch_indices(perm, it))
-                t0 = time.perf_counter()
-                loss, err, lr = self.step(x, y)
-                step_times.append(time.perf_counter() - t0)
-                losses.append(loss)
-                errs.append(err)
-            if not losses:
+            first = self.iteration % self.iters_per_epoch
+            last = self.iters_per_epoch
+            if cfg.max_steps:
+                last = min(last, first + max(cfg.max_steps - self.iteration, 0))
+            t_ep = time.perf_counter()
+            losses, errs = partial.get('losses', []), partial.get('errs', [])
+            partial = {}
+            batches = Prefetcher(self.data.train_batch,
+                                 (self.batch_indices(perm, it) for it in range(first, last)))
+            try:
+                for it, (x, y) in zip(range(first, last), batches):
+                    t0 = time.perf_counter()
+                    loss, err, lr = self.step(x, y)
+                    step_times.append(time.perf_counter() - t0)
+                    losses.append(float(loss))
+                    errs.append(float(err))
+                    self.progress(epoch, it + 1, loss)
+                    if self._checkpoint_due(it + 1):
+                        self.save_checkpoint({'losses': losses, 'errs': errs})
+            finally:
+                batches.close()
+            if last < self.iters_per_epoch or not losses:
+                # max_steps reached inside this epoch: keep what was done
+                if cfg.out and cfg.checkpoint and losses:
+                    self.save_checkpoint({'losses': losses, 'errs': errs})
                 break
             rec = dict(epoch=epoch + 1, train_loss=float(np.mean(losses)),
                        train_err=float(np.mean(errs)), lr=float(lr),
-                       epoch_s=time.perf_counter() - t_ep)
+                       epoch_s=time.perf_counter() - t_ep, data_wait_s=batches.wait_s)
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
                 rec['val_loss'], rec['val_top1'], rec['val_top5'] = self.evaluate()
             self.history.append(rec)
+            self.progress(None)
             self.log(format_epoch(rec, cfg.epochs))
+            if cfg.out and cfg.checkpoint:
+                self.save_checkpoint()
         return self.summary(time.perf_counter() - t_start, step_times)
+
+    # -- checkpoints and progress --------------------------------------------
+    _partial = None
+
+    def _checkpoint_due(self, it_in_epoch):
+        every = self.cfg.checkpoint_every
+        return bool(self.cfg.out and self.cfg.checkpoint and every
+                    and self.iteration % every == 0 and it_in_epoch < self.iters_per_epoch)
+
+    def checkpoint_path(self):
+        """Where this run's checkpoint lives."""
+        import os
+        from .checkpoint import FILENAME
+        return os.path.join(self.cfg.out, FILENAME)
+
+    def save_checkpoint(self, partial=None):
+        """Write the checkpoint (all ranks take part; rank 0 writes)."""
+        from . import checkpoint
+        checkpoint.save(self, self.checkpoint_path(), partial)
+
+    def resume(self):
+        """Continue from the checkpoint in ``cfg.out``."""
+        from . import checkpoint
+        self._partial = checkpoint.load(self, self.checkpoint_path())
+        self.log('resumed from %s at iteration %d' % (self.checkpoint_path(), self.iteration))
+
+    def progress(self, epoch, done=0, loss=0.0):
+        """A one-line progress bar on rank 0 when stderr is a terminal."""
+        import sys
+        if self.comm.rank != 0 or self.cfg.quiet or not sys.stderr.isatty():
+            return
+        if epoch is None:
+            sys.stderr.write('\r' + ' ' * 70 + '\r')
+            return
+        width = 30
+        fill = int(width * done / self.iters_per_epoch)
+        sys.stderr.write('\repoch %3d [%s%s] %d/%d loss %.4f' % (
+            epoch + 1, '#' * fill, '.' * (width - fill), done, self.iters_per_epoch, loss))
+        sys.stderr.flush()
 
     def summary(self, wall_s, step_times):
         """Run summary: errors, times, settings."""

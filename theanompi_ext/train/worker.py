@@ -35,6 +35,8 @@ def run(cfg, comm=None, log=print):
                       **cfg.extra.get('model_kw', {}))
     t0 = time.perf_counter()
     trainer = Trainer(net, data, cfg, comm, log=log)
+    if cfg.resume:
+        trainer.resume()
     if comm.rank == 0 and not cfg.quiet:
         log('%s: %s, %d params, %d workers x %d = batch %d, %d iters/epoch, '
             'sync_type=%s exch_strategy=%s, %d buckets, setup %.1fs' % (

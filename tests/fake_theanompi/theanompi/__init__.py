@@ -1,0 +1,1 @@
+"""A minimal stand-in for Theano-MPI (tests only): just the documented call pattern."""

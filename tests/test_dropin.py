@@ -1,0 +1,150 @@
+"""Drop-in for Theano-MPI users: BSP rule, session-file launcher, exchanger.
+
+A model written only to Theano-MPI's contract (tests/dropin/digits_contract.py,
+plain Theano, no theanompi_ext layers) trains a few steps on 2 real MPI
+ranks; every route must give the parameters of a numpy single-process
+reference of kn-sum SGD on the same global batches.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpiexec
+
+DROPIN = os.path.join(ROOT, 'tests', 'dropin')
+FAKE = os.path.join(ROOT, 'tests', 'fake_theanompi')
+sys.path.insert(0, DROPIN)
+K = 2
+TIMEOUT = 240
+
+
+def env_with(*paths):
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(list(paths) + [ROOT] + [
+        p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    return env
+
+
+def reference(steps):
+    """numpy float64: kn-mean gradient, decay on every param, eq. (9), gradual warm-up."""
+    from theanompi_ext.update.schedule import Schedule
+    import digits_contract as dc
+    X, Y = dc.load_digits_arrays()
+    X, Y = X[:dc.N_TRAIN].astype(np.float64), Y[:dc.N_TRAIN]
+    W1, b1, W2, b2 = [p.astype(np.float64) for p in dc.init_params()]
+    u = [np.zeros_like(p) for p in (W1, b1, W2, b2)]
+    kn = K * dc.BATCH
+    sched = Schedule(0.05, kn, dc.N_TRAIN // kn, 2, ref_batch=dc.BATCH, warmup='gradual',
+                     warmup_epochs=1.0, decay_epochs=(), workers=K)
+    for it in range(steps):
+        x, y = X[it * kn:(it + 1) * kn], Y[it * kn:(it + 1) * kn]
+        h = np.tanh(x @ W1 + b1)
+        z = h @ W2 + b2
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        dz = p.copy()
+        dz[np.arange(kn), y] -= 1
+        dz /= kn
+        gW2, gb2 = h.T @ dz, dz.sum(0)
+        dh = (dz @ W2.T) * (1 - h ** 2)
+        gW1, gb1 = x.T @ dh, dh.sum(0)
+        lr = sched.lr(it)
+        for w, v, g in zip((W1, b1, W2, b2), u, (gW1, gb1, gW2, gb2)):
+            v *= 0.9
+            v += g + 1e-3 * w
+            w -= lr * v
+    return [W1, b1, W2, b2]
+
+
+def assert_matches(params, ref):
+    for got, want in zip(params, ref):
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-4, atol=2e-5)
+
+
+def load_npz(out):
+    d = np.load(os.path.join(out, 'params.npz'))
+    by_index = {int(k.split('_')[0]): d[k] for k in d.files}
+    return [by_index[i] for i in range(4)]
+
+
+@pytest.fixture(scope='module')
+def ref6():
+    return reference(6)
+
+
+def test_bsp_rule_matches_reference(tmp_path, ref6, monkeypatch):
+    # BSP().init(...) + wait(), the model without the batch-loading hook (fallback path).
+    from theanompi_ext import BSP
+    monkeypatch.chdir(DROPIN)
+    monkeypatch.setenv('PYTHONPATH', env_with(DROPIN)['PYTHONPATH'])
+    rule = BSP()
+    rule.init(['cpu0', 'cpu1'], 'digits_contract', 'DigitsMLP', max_steps=6, out=str(tmp_path))
+    assert rule.wait(timeout=TIMEOUT) == 0
+    assert_matches(load_npz(str(tmp_path)), ref6)
+    summary = json.load(open(os.path.join(str(tmp_path), 'summary.json')))
+    assert summary['iterations'] == 6 and summary['devices'] == ['cpu0', 'cpu1']
+
+
+def run_launcher(args, cwd, timeout=TIMEOUT):
+    cmd = [sys.executable, '-m', 'theanompi_ext.tmlauncher'] + args
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env=env_with(DROPIN), start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail('tmlauncher hung:\n%s\n%s' % (exc.stdout, exc.stderr))
+
+
+def test_tmlauncher_matches_reference(tmp_path, ref6):
+    # Session file, the model with the load_train_batch hook, a .py path as MODELFILE.
+    cfg = tmp_path / 'session.cfg'
+    cfg.write_text('# a Theano-MPI session\nRULE=BSP\nMODELFILE=%s\nMODELCLASS=DigitsMLPHooked\n'
+                   'DEVICES=cuda0,cuda1\nSYNC_TYPE=kn\nEXCH_STRATEGY=ar-overlap\n'
+                   'MAX_STEPS=6\nOUT=%s\n' % (os.path.join(DROPIN, 'digits_contract.py'),
+                                             tmp_path / 'out'))
+    res = run_launcher(['-cfg=%s' % cfg], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    # rank 0 says which mode it chose and why
+    assert 'exchange mode ar' in res.stdout and 'ar-overlap asked for overlap' in res.stdout
+    assert_matches(load_npz(str(tmp_path / 'out')), ref6)
+
+
+@pytest.mark.parametrize('line,needle', [('COLOUR=blue', "line 6: unknown key 'COLOUR'"),
+                                         ('', None)])
+def test_tmlauncher_bad_key(tmp_path, line, needle):
+    cfg = tmp_path / 's.cfg'
+    model = 'digits_contract' if line else 'no_such_models.cifar'
+    cfg.write_text('RULE=BSP\nMODELFILE=%s\nMODELCLASS=DigitsMLP\nDEVICES=cpu0,cpu1\n\n%s\n'
+                   % (model, line))
+    res = run_launcher(['--cfg', str(cfg)], cwd=DROPIN, timeout=60)
+    assert res.returncode == 2
+    assert (needle or 'model file no_such_models.cifar not found') in res.stderr
+
+
+def test_tmlauncher_missing_class(tmp_path):
+    cfg = tmp_path / 's.cfg'
+    cfg.write_text('RULE=BSP\nMODELFILE=digits_contract\nMODELCLASS=Nope\nDEVICES=cpu0\n')
+    res = run_launcher(['-cfg=%s' % cfg], cwd=DROPIN, timeout=60)
+    assert res.returncode == 2
+    assert 'model class Nope not found' in res.stderr
+
+
+def test_exchanger_in_fake_theanompi_worker():
+    # Theano-MPI's own worker loop (stand-in) with install_into_theanompi() in the model file.
+    cmd = [mpiexec(), '-n', str(K), sys.executable, '-m', 'theanompi.worker', 'cpu',
+           'kn', 'ar', 'digits_contract_tm', 'DigitsMLP']
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=DROPIN,
+                             env=env_with(FAKE, DROPIN), start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail('fake Theano-MPI worker hung:\n%s\n%s' % (exc.stdout, exc.stderr))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out['exchanger'] == 'theanompi_ext.exchange.theanompi_exchanger'
+    assert out['modes'] == {'calc': 3, 'sync': 3, 'comm': 3}
+    ref = reference(3)
+    for rank_params in out['params']:
+        assert_matches(rank_params, ref)

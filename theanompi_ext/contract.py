@@ -1,0 +1,256 @@
+"""Drive an unchanged Theano-MPI model (its *contract*) with this project's exchange.
+
+A Theano-MPI model class exposes ``params``, ``grads`` (symbolic gradients
+of ``cost``), ``cost``, ``error``, ``weight_types``, ``data``, ``base_lr``,
+``shared_lr``, ``mu``, ``eta``, ``use_nesterov_momentum`` and the methods
+``compile_iter_fns``, ``train_iter``, ``val_iter``, ``reset_iter``,
+``adjust_hyperp`` and ``cleanup``. Its own train function both computes the
+gradient *and* applies its own update, so it cannot give us per-worker
+gradient values. Decision (see ``docs/migrating-from-theano-mpi.md``):
+
+* :class:`GradientFunction` compiles **our own** Theano function with no
+  inputs whose outputs are ``[cost, error] + model.grads``. Theano-MPI
+  models keep the current minibatch in shared variables (``shared_x``,
+  ``shared_y``), so the graph reads the batch from there. When the cost is
+  built on symbolic inputs ``model.x``/``model.y`` (the usual style there,
+  with ``givens`` at compile time), the same ``givens``
+  ``{model.x: model.shared_x, model.y: model.shared_y}`` are applied.
+* Loading a batch: the model's optional hook ``model.load_train_batch(i)``
+  is used when present (it only fills ``shared_x``/``shared_y``). Without
+  it we call the model's own ``train_iter(i, recorder)`` (which loads the
+  batch and takes the model's own local step) and then **restore** the
+  parameters from our master copy, so the model's own step is discarded;
+  the cost is one extra forward/backward per iteration and BN running
+  statistics, if any, are updated twice.
+* The model's cost is a mean over the worker's n examples; its gradient
+  times ``1/k`` is the gradient of the loss normalised by kn (the same
+  number as dividing the loss by kn).
+
+:class:`ContractStepper` then runs the flat exchange of this project on
+those gradients: ParamSet in ``flat_order``, :class:`KnSumExchanger`,
+:func:`make_rule` (``kn``, ``avg`` or ``cdd``) and :class:`Schedule`.
+It is shared by :mod:`theanompi_ext.theanompi_worker` (our worker) and
+:mod:`theanompi_ext.exchange.theanompi_exchanger` (inside Theano-MPI).
+"""
+import os
+
+import numpy as np
+
+from .params import ParamSet, tags_of
+
+# Options of a contract-model run: name -> (default, parser). Values come
+# from, in increasing priority: these defaults, the model's attributes
+# (see :func:`resolve_options`), a ``tmx_options`` dict on the model, the
+# environment ``THEANOMPI_EXT_<NAME>`` (which BSP.init and tmlauncher set).
+OPTION_DEFAULTS = {
+    'batch_per_worker': (0, int),      # 0: model.batch_size
+    'ref_batch': (0, int),             # 0: batch_per_worker (base_lr tuned for one worker)
+    'warmup': ('gradual', str),
+    'warmup_epochs': (-1.0, float),    # -1: min(5, n_epochs / 2)
+    'momentum_form': ('eq9', str),
+    'weight_decay': (-1.0, float),     # -1: model.eta
+    'momentum': (-1.0, float),         # -1: model.mu
+    'exchange_bn': (False, lambda s: str(s).strip().lower() in ('1', 'true', 'yes', 'on')),
+    'bucket_cap_mb': (4.0, float),
+    'first_bucket_cap_mb': (1.0, float),
+    'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
+    'out': ('', str),                  # rank 0 writes params.npz + summary.json here
+}
+ENV_PREFIX = 'THEANOMPI_EXT_'
+BN_NAMES = ('gamma', 'beta')
+
+
+def option_env_name(name):
+    """The environment variable carrying option ``name`` to the ranks."""
+    return ENV_PREFIX + name.upper()
+
+
+def resolve_options(model, environ=None):
+    """The run's options as a dict (see :data:`OPTION_DEFAULTS`), filled in from the model."""
+    environ = os.environ if environ is None else environ
+    opts = {k: v[0] for k, v in OPTION_DEFAULTS.items()}
+    opts.update(getattr(model, 'tmx_options', None) or {})
+    for key, (_, parse) in OPTION_DEFAULTS.items():
+        raw = environ.get(option_env_name(key))
+        if raw not in (None, ''):
+            try:
+                opts[key] = parse(raw)
+            except ValueError:
+                raise ValueError('option %s=%r: expected %s' % (option_env_name(key), raw,
+                                                                 OPTION_DEFAULTS[key][0].__class__.__name__))
+    if opts['batch_per_worker'] <= 0:
+        n = getattr(model, 'batch_size', None)
+        if not n:
+            raise ValueError('cannot tell the per-worker batch size: the model has no '
+                             'batch_size attribute; set %s' % option_env_name('batch_per_worker'))
+        opts['batch_per_worker'] = int(n)
+    if opts['ref_batch'] <= 0:
+        opts['ref_batch'] = opts['batch_per_worker']
+    n_epochs = int(model.n_epochs)
+    if opts['warmup_epochs'] < 0:
+        opts['warmup_epochs'] = min(5.0, n_epochs / 2.0)
+    if opts['weight_decay'] < 0:
+        opts['weight_decay'] = float(getattr(model, 'eta', 0.0) or 0.0)
+    if opts['momentum'] < 0:
+        opts['momentum'] = float(getattr(model, 'mu', 0.0) or 0.0)
+    opts['nesterov'] = bool(getattr(model, 'use_nesterov_momentum', False))
+    opts['base_lr'] = float(model.base_lr)
+    return opts
+
+
+def contract_tags(model):
+    """Tag sets for ``model.params``.
+
+    Our own tags win when the model's layers set them; otherwise (plain
+    Theano-MPI layers) the documented fallback: a parameter named
+    ``'gamma'`` or ``'beta'`` is a BN affine parameter, and weight type
+    ``'b'`` marks a bias.
+    """
+    wtypes = list(getattr(model, 'weight_types', None) or [])
+    out = []
+    for i, p in enumerate(model.params):
+        t = set(tags_of(p))
+        if not t:
+            t.add('trainable')
+            if (p.name or '') in BN_NAMES:
+                t.add('bn_affine')
+            if i < len(wtypes) and wtypes[i] == 'b':
+                t.add('bias')
+        out.append(frozenset(t))
+    return out
+
+
+class GradientFunction(object):
+    """``fn() -> (cost, error, [grad values])`` on the batch now in the model's shared data."""
+
+    def __init__(self, model, params_order):
+        from .engine import theano
+        givens = {}
+        for sym, sh in (('x', 'shared_x'), ('y', 'shared_y')):
+            a, b = getattr(model, sym, None), getattr(model, sh, None)
+            # Only symbolic (non-shared) inputs need substituting.
+            if a is not None and b is not None and not hasattr(a, 'get_value'):
+                givens[a] = b
+        err = getattr(model, 'error', None)
+        self.has_error = err is not None
+        outs = [model.cost] + ([err] if self.has_error else [])
+        grads = [model.grads[i] for i in params_order]
+        self.fn = theano.function([], outs + grads, givens=givens or None,
+                                  on_unused_input='ignore', name='tmx_contract_grads')
+        self.n_out = len(outs)
+
+    def __call__(self):
+        res = self.fn()
+        cost = float(res[0])
+        error = float(res[1]) if self.has_error else float('nan')
+        return cost, error, res[self.n_out:]
+
+
+class NonFiniteStep(FloatingPointError):
+    """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
+    all_ranks = True
+
+
+class ContractStepper(object):
+    """One synchronous step of this project's exchange for a contract model.
+
+    ``comm`` is one of our :class:`~theanompi_ext.collective.Communicator`.
+    Call :meth:`step` once per iteration after the batch is in the model's
+    shared variables.
+    """
+
+    def __init__(self, model, comm, sync_type='kn', options=None, log=print):
+        from .buckets.plan import flat_order, plan_buckets, check_plan_across_ranks
+        from .exchange.knsum import KnSumExchanger
+        from .exchange.rules import make_rule, SYNC_TYPES
+        from .update.schedule import Schedule
+        from .train.trainer import check_models_match, compile_in_turn
+        from types import SimpleNamespace
+        if sync_type not in SYNC_TYPES:
+            raise ValueError('unknown sync_type %r; choose from %s' % (sync_type, SYNC_TYPES))
+        self.model, self.comm, self.sync_type = model, comm, sync_type
+        self.opts = opts = options if options is not None else resolve_options(model)
+        self.k = k = comm.size
+        tags = contract_tags(model)
+        order, n_exch_params = flat_order(tags, exchange_bn=opts['exchange_bn'])
+        # Theano-MPI models reuse names ('W', 'b') in every layer: prefix the model index.
+        names = ['%03d_%s' % (i, model.params[i].name or 'param') for i in order]
+        self.order = order
+        self.params = ParamSet([model.params[i] for i in order], names)
+        self.params.tags = [tags[i] for i in order]
+        self.layout = self.params.layout
+        check_models_match(comm, self.layout)
+        self.n_exch = (self.layout.offsets[n_exch_params] if n_exch_params < len(self.layout)
+                       else self.layout.total)
+        self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
+                                    opts['bucket_cap_mb'], opts['first_bucket_cap_mb'])
+        check_plan_across_ranks(comm, self.buckets, self.layout, extra=(sync_type,))
+        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k)
+        rule_opts = SimpleNamespace(weight_decay=opts['weight_decay'], momentum=opts['momentum'],
+                                    momentum_form=opts['momentum_form'],
+                                    nesterov=opts['nesterov'])
+        self.rule = make_rule(sync_type, comm, self.layout, n_exch_params, self.params.tags,
+                              self.exchanger, rule_opts)
+        self.n = opts['batch_per_worker']
+        self.iters_per_epoch = int(model.data.n_batch_train)
+        self.schedule = Schedule(opts['base_lr'], k * self.n, self.iters_per_epoch,
+                                 int(model.n_epochs), opts['ref_batch'], opts['warmup'],
+                                 opts['warmup_epochs'], decay_epochs=(), workers=k)
+        self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order))
+        self.grads = np.zeros(self.layout.total, np.float32)
+        self.master = self.params.values.copy()
+        self._stats = np.zeros(2, np.float32)
+        self.iteration = 0
+
+    def rebind(self):
+        """Point every shared variable at its view of the flat vector again.
+
+        The model's own train function may have replaced a variable's
+        storage (or updated it in place); this restores our binding cheaply.
+        """
+        ps = self.params
+        for i, var in enumerate(ps.vars):
+            var.set_value(ps.layout.view(ps.values, i), borrow=True)
+
+    def restore(self):
+        """Undo anything the model did to its parameters since our last step."""
+        self.params.values[...] = self.master
+        self.rebind()
+
+    def lr(self):
+        """This iteration's rate: our schedule times the model's own decay
+        (``shared_lr / base_lr``, which ``adjust_hyperp`` changes)."""
+        mult = 1.0
+        shared_lr = getattr(self.model, 'shared_lr', None)
+        if shared_lr is not None and self.opts['base_lr'] > 0:
+            mult = float(shared_lr.get_value()) / self.opts['base_lr']
+        return self.schedule.lr(self.iteration) * mult
+
+    def step(self):
+        """Gradients on the loaded batch, exchange, update; returns (cost, error, lr).
+
+        ``cost``/``error`` are this worker's (the model's per-n means).
+        """
+        self.restore()
+        cost, error, gvals = self.gradfn()
+        inv_k = np.float32(1.0 / self.k)
+        for i, g in enumerate(gvals):
+            np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,
+                        out=self.grads[self.layout.slice(i)])
+        self._stats[...] = (cost, 0.0 if not np.isfinite(error) else error)
+        finite = np.array([1.0 if np.all(np.isfinite(self.grads)) and np.isfinite(cost)
+                           else 0.0], np.float32)
+        self.comm.allreduce(finite)
+        if finite[0] < self.k:
+            raise NonFiniteStep('non-finite loss or gradient at iteration %d'
+                                     % self.iteration)
+        lr = self.lr()
+        self.rule.step(self.params.values, self.grads, lr)
+        self.master[...] = self.params.values
+        self.rebind()
+        self.iteration += 1
+        return cost, error, lr
+
+    def state_dict(self):
+        """name -> parameter copy (flat-layout names)."""
+        return self.params.state_dict()

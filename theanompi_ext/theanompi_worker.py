@@ -1,0 +1,194 @@
+"""The program each rank runs for a Theano-MPI model under :class:`theanompi_ext.BSP`.
+
+usage (started by ``BSP.init`` / ``tmlauncher`` through mpiexec)::
+
+    python -u -m theanompi_ext.theanompi_worker MODELFILE MODELCLASS SYNC_TYPE \
+        EXCH_STRATEGY DEVICES
+
+``DEVICES`` is the comma-separated device list; rank r takes entry r (on
+a CPU machine the device only names the rank). Options of the exchange
+(warm-up, reference batch, ...) arrive as ``THEANOMPI_EXT_<NAME>``
+environment variables, see :data:`theanompi_ext.contract.OPTION_DEFAULTS`.
+
+The loop mirrors Theano-MPI's BSP worker: build ``modelclass(config)``,
+``compile_iter_fns(sync_type)``, then per epoch the training batches
+(load batch, our gradient + exchange + update), a validation pass,
+``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
+ends the job (``train.worker.guarded``).
+"""
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def import_model_class(modelfile, modelclass):
+    """The class ``modelclass`` from a dotted module name or a ``.py`` path."""
+    if modelfile.endswith('.py') or os.path.sep in modelfile:
+        name = os.path.splitext(os.path.basename(modelfile))[0]
+        spec = importlib.util.spec_from_file_location(name, modelfile)
+        if spec is None:
+            raise ImportError('cannot load model file %s' % modelfile)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(modelfile)
+    try:
+        return getattr(mod, modelclass)
+    except AttributeError:
+        raise ImportError('model file %s has no class %s' % (modelfile, modelclass))
+
+
+class Recorder(object):
+    """The subset of Theano-MPI's recorder that models call, plus timings.
+
+    ``train_error(count, cost, error)`` / ``val_error(count, cost, error,
+    error_top5)`` collect the model's own numbers; ``start()``/``end(mode)``
+    accumulate seconds per mode; any other call is accepted and ignored.
+    """
+
+    def __init__(self):
+        self.times, self._t0 = {}, None
+        self.train, self.val = [], []
+
+    def start(self):
+        self._t0 = time.perf_counter()
+
+    def end(self, mode):
+        if self._t0 is not None:
+            self.times[mode] = self.times.get(mode, 0.0) + time.perf_counter() - self._t0
+            self._t0 = None
+
+    def train_error(self, count, cost, error, *rest):
+        self.train.append((float(cost), float(error)))
+
+    def val_error(self, count, cost, error, *rest):
+        self.val.append((float(cost), float(error)))
+
+    def __getattr__(self, name):
+        if name.startswith('__'):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+def choose_mode(model, exch_strategy):
+    """(mode, reason): the exchange actually used for a contract model."""
+    if exch_strategy == 'ar':
+        return 'ar', 'serial exchange after the whole backward pass (exch_strategy=ar)'
+    return 'ar', ('exch_strategy=%s asked for overlap, but a contract model computes all '
+                  'gradients in one Theano function (model.grads), so no bucket is ready '
+                  'before backprop ends: using the serial exchange. For overlap train a '
+                  'theanompi_ext Network with `theanompi-ext train --exch-strategy '
+                  'ar-overlap`.' % exch_strategy)
+
+
+def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
+    """Train the contract model on this rank; returns a summary dict."""
+    from .collective import create_communicator
+    from .contract import ContractStepper, resolve_options
+    from .train.trainer import compile_in_turn
+    own_comm = comm is None
+    comm = comm or create_communicator('auto')
+    rank, size = comm.rank, comm.size
+    if len(devices) != size:
+        raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
+    log = log if rank == 0 else (lambda *a, **k: None)
+    cls = import_model_class(modelfile, modelclass)
+    config = {'verbose': rank == 0, 'rank': rank, 'size': size, 'mname': modelclass,
+              'device': devices[rank], 'sync_type': sync_type, 'exch_strategy': exch_strategy}
+
+    def build():
+        m = cls(config)
+        # Theano-MPI models know 'avg' and 'cdd' only; their train functions are
+        # used at most for loading (and then undone), so 'avg' stands in for 'kn'.
+        m.compile_iter_fns(sync_type='cdd' if sync_type == 'cdd' else 'avg')
+        return m
+    # Rank 0 fills the compile cache first; the others then only load from it.
+    model = compile_in_turn(comm, build)
+    opts = resolve_options(model)
+    stepper = ContractStepper(model, comm, sync_type, opts, log=log)
+    mode, why = choose_mode(model, exch_strategy)
+    hook = getattr(model, 'load_train_batch', None)
+    log('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
+        'batch %d x %d = %d, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
+        % (modelclass, size, ','.join(devices), sync_type, mode, why, size,
+           opts['batch_per_worker'], size * opts['batch_per_worker'], opts['base_lr'],
+           stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
+           'model.load_train_batch(i)' if hook else
+           'model.train_iter(i) then our parameters restored (no load_train_batch hook)'))
+    recorder = Recorder()
+    history, t_start, done = [], time.perf_counter(), False
+    stats = np.zeros(5, np.float32)
+    for epoch in range(int(model.n_epochs)):
+        model.epoch = epoch
+        losses, errs = [], []
+        for i in range(int(model.data.n_batch_train)):
+            if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
+                done = True
+                break
+            if hook:
+                hook(i)
+            else:
+                model.train_iter(i, recorder)
+            recorder.start()
+            cost, err, lr = stepper.step()
+            recorder.end('calc+comm')
+            losses.append(cost)
+            errs.append(err)
+        model.reset_iter('train')
+        if not losses:
+            break
+        recorder.val = []
+        for j in range(int(getattr(model.data, 'n_batch_val', 0) or 0)):
+            model.val_iter(j, recorder)
+        model.reset_iter('val')
+        vals = np.array(recorder.val or [(np.nan, np.nan)], np.float64)
+        stats[...] = (np.mean(losses), np.nanmean(errs) if np.any(np.isfinite(errs)) else 0,
+                      np.mean(vals[:, 0]), np.mean(vals[:, 1]), 1.0)
+        comm.allreduce(stats)
+        rec = dict(epoch=epoch + 1, train_loss=float(stats[0] / size),
+                   train_err=float(stats[1] / size), val_loss=float(stats[2] / size),
+                   val_err=float(stats[3] / size), lr=float(lr), iterations=stepper.iteration)
+        history.append(rec)
+        log('epoch %d/%d  loss %.4f  train err %.3f  val loss %.4f  val err %.3f  lr %.4f'
+            % (rec['epoch'], model.n_epochs, rec['train_loss'], rec['train_err'],
+               rec['val_loss'], rec['val_err'], rec['lr']))
+        model.adjust_hyperp(epoch)
+        if done:
+            break
+    model.cleanup()
+    summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
+                   iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
+                   history=history, options={k: v for k, v in opts.items()})
+    if rank == 0 and opts['out']:
+        os.makedirs(opts['out'], exist_ok=True)
+        np.savez(os.path.join(opts['out'], 'params.npz'), **stepper.state_dict())
+        with open(os.path.join(opts['out'], 'summary.json'), 'w') as f:
+            json.dump(summary, f, indent=1, default=float)
+    log('summary: %d ranks, %d iterations in %.1fs' % (size, stepper.iteration,
+                                                       summary['wall_s']))
+    if own_comm and hasattr(comm, 'close'):
+        comm.close()
+    return summary
+
+
+def main(argv=None):
+    """Entry point of each rank (see module docstring)."""
+    from .train.worker import guarded
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 5:
+        sys.stderr.write('usage: python -m theanompi_ext.theanompi_worker MODELFILE '
+                         'MODELCLASS SYNC_TYPE EXCH_STRATEGY DEVICES\n')
+        return 2
+    modelfile, modelclass, sync_type, exch_strategy, devices = argv
+    return guarded(lambda: run(modelfile, modelclass, sync_type, exch_strategy,
+                               [d for d in devices.split(',') if d]))
+
+
+if __name__ == '__main__':
+    sys.exit(main())
