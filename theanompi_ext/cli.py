@@ -14,6 +14,7 @@ COMMANDS = [
     'theanompi_ext.info',
     'theanompi_ext.train.check_equivalence',
     'theanompi_ext.train.cli',
+    'theanompi_ext.train.trials',
     'theanompi_ext.data.convert',
     'theanompi_ext.simulate.cli',
     'theanompi_ext.bench.cli',

@@ -75,9 +75,14 @@ def version():
     return theano.__version__
 
 
-def function(inputs, outputs, updates=None, name=None):
-    """Compile a Theano function (thin wrapper so callers never import theano)."""
-    return theano.function(inputs, outputs, updates=updates, name=name,
+def function(inputs, outputs, updates=None, name=None, excluding=()):
+    """Compile a Theano function (thin wrapper so callers never import theano).
+
+    ``excluding`` names graph optimisations (tags) to leave out of the
+    default mode, e.g. ``('inplace_elemwise_optimizer',)``.
+    """
+    mode = theano.compile.mode.get_default_mode().excluding(*excluding) if excluding else None
+    return theano.function(inputs, outputs, updates=updates, name=name, mode=mode,
                            allow_input_downcast=True, on_unused_input='ignore')
 
 

@@ -16,6 +16,7 @@ class KnSumExchanger(object):
         self.n_exch = n_exchanged_entries
         self.local_scale = np.float32(local_scale)
         self._handles = []
+        self.last_handles = []   # the last finished step's handles (for the timeline)
 
     def start(self, bucket, grads):
         """Start bucket ``bucket``'s allreduce (its gradients are final)."""
@@ -26,6 +27,7 @@ class KnSumExchanger(object):
     def finish(self, grads):
         """Wait for every started bucket; rescale the local tail."""
         handles, self._handles = self._handles, []
+        self.last_handles = handles
         for h in handles:
             h.wait()
         if self.local_scale != 1 and self.n_exch < grads.size:

@@ -35,7 +35,7 @@ def main(args):
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return 2
-    from ..launch import in_mpi_job, mpiexec_command, run_mpiexec
+    from ..launch import in_mpi_job, mpiexec_command
     from ..launch.mpiexec import child_env
     if in_mpi_job() or (args.workers == 1 and not args.hostfile):
         from .worker import run, guarded
@@ -47,6 +47,7 @@ def main(args):
         cmd = mpiexec_command(args.workers, [sys.executable, '-u', '-m',
                                              'theanompi_ext.train.worker', path],
                               hostfile=args.hostfile)
-        return run_mpiexec(cmd, env=child_env())
+        from ..launch.postmortem import run_explained   # names a rank that died
+        return run_explained(cmd, env=child_env(), size=args.workers)
     finally:
         os.unlink(path)

@@ -1,5 +1,6 @@
 """Training options, validated before anything is compiled or launched."""
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 
 from ..update.schedule import WARMUPS
@@ -42,6 +43,9 @@ class TrainConfig(object):
     resume: bool = False
     timeline: str = ''
     quiet: bool = False
+    collective_timeout_s: float = 30.0   # a wait inside a step this long aborts (0: never)
+    stall_warn_s: float = 10.0           # ... this long logs who has not arrived (0: never)
+    check_replicas_every: int = 0        # steps between replica checks (0: off)
     extra: dict = field(default_factory=dict)
 
     def validate(self):
@@ -49,6 +53,12 @@ class TrainConfig(object):
         from ..exchange.rules import SYNC_TYPES
         def bad(name, why):
             raise ValueError('invalid option %s=%r: %s' % (name, getattr(self, name), why))
+        for f in fields(self):
+            v = getattr(self, f.name)
+            # NaN passes every comparison check below, and inf some of them
+            if isinstance(f.default, float) and not (
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+                bad(f.name, 'must be a finite number')
         for name in ('batch_per_worker', 'epochs', 'ref_batch', 'eval_every'):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -84,6 +94,11 @@ class TrainConfig(object):
             bad('scale_min', 'must be in (0, 1]')
         if self.crop < 0:
             bad('crop', 'must be >= 0')
+        for name in ('collective_timeout_s', 'stall_warn_s'):
+            if getattr(self, name) < 0:
+                bad(name, 'must be a number of seconds >= 0 (0: off)')
+        if not isinstance(self.check_replicas_every, int) or self.check_replicas_every < 0:
+            bad('check_replicas_every', 'must be an integer >= 0 (0: off)')
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
         return self

@@ -24,7 +24,10 @@ def _parse_bool(s):
 
 def _parse_tuple(s):
     s = str(s).strip().strip('()[]')
-    return tuple(int(float(p)) for p in s.replace(',', ' ').split()) if s else ()
+    try:
+        return tuple(int(float(p)) for p in s.replace(',', ' ').split()) if s else ()
+    except OverflowError:    # int(float('1e400'))
+        raise ValueError('expected whole numbers, got %r' % (s,))
 
 
 def converter(field):

@@ -15,6 +15,8 @@ from ..exchange.knsum import KnSumExchanger
 from ..exchange.rules import make_rule
 from ..update.schedule import Schedule
 from ..data import shards
+from ..collective.watchdog import watch
+from . import faults, replicas
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -58,6 +60,8 @@ class Trainer(object):
 
     def __init__(self, net, dataset, cfg, comm, bn_groups=1, log=print):
         cfg.validate()
+        # Waits inside a step are bounded and reported (docs/faults.md).
+        comm = watch(comm, cfg.collective_timeout_s, cfg.stall_warn_s)
         self.net, self.data, self.cfg, self.comm = net, dataset, cfg, comm
         self.log = log if comm.rank == 0 and not cfg.quiet else (lambda *a, **k: None)
         k, n = comm.size, cfg.batch_per_worker
@@ -92,6 +96,10 @@ class Trainer(object):
                                  cfg.ref_batch, cfg.warmup, cfg.warmup_epochs, cfg.decay_epochs,
                                  cfg.decay_factor, workers=k * bn_groups)
         self.iteration = 0
+        self.timeline = None
+        if cfg.timeline:
+            from ..exchange.timeline import Timeline
+            self.timeline = Timeline(comm.rank)
         self._stats = np.zeros(3, np.float32)
         self._evaluator = None
         self.history = []
@@ -114,13 +122,18 @@ class Trainer(object):
 
     def step(self, x, y):
         """One synchronous SGD step on this rank's batch; returns global (loss, err) means."""
+        clock = time.perf_counter
+        t_begin = clock()
+        self.comm.arm(self.iteration)
         lr = self.schedule.lr(self.iteration)
         overlapped = self.cfg.exch_strategy == 'ar-overlap'
         on_chunk = self._start_ready_buckets if overlapped else None
         self._next_bucket = 0
         loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
+        t_backward = clock()
         self._stats[...] = (loss, err, len(y))
-        self.comm.allreduce(self._stats)
+        self.comm.allreduce(self._stats, label='loss stats')
+        t_stats = clock()
         if not np.all(np.isfinite(self._stats)):
             raise NonFiniteLoss('non-finite loss (%r) at iteration %d (epoch %d); training '
                                 'stopped before the update' % (float(self._stats[0]),
@@ -128,8 +141,14 @@ class Trainer(object):
                                                                self.iteration // self.iters_per_epoch))
         if overlapped:
             self.exchanger.finish(self.grads)
+        t_wait = clock()
         self.rule.step(self.params.values, self.grads, lr, reduced=overlapped)
         self.params.push()
+        if self.timeline is not None:
+            self.timeline.record_train_step(
+                self.iteration, (t_begin, t_backward, t_stats, t_wait, clock()),
+                getattr(self.backward, 'times', None), self.exchanger.last_handles, overlapped)
+        self.comm.disarm()
         self.iteration += 1
         return self._stats[0] / self._stats[2], self._stats[1] / self._stats[2], lr
 
@@ -168,6 +187,9 @@ class Trainer(object):
         t_start = time.perf_counter()
         step_times = []
         partial = self._partial or {}
+        # Ranks that disagree on data or options would hang; the allgather also
+        # absorbs compile/resume skew before the step timeouts apply.
+        faults.check_ranks_agree(self)
         for epoch in range(self.iteration // self.iters_per_epoch, cfg.epochs):
             perm = shards.epoch_permutation(len(self.data.y_train), epoch, cfg.data_seed)
             first = self.iteration % self.iters_per_epoch
@@ -184,6 +206,7 @@ class Trainer(object):
                     t0 = time.perf_counter()
                     loss, err, lr = self.step(x, y)
                     step_times.append(time.perf_counter() - t0)
+                    replicas.after_step(self)
                     losses.append(float(loss))
                     errs.append(float(err))
                     self.progress(epoch, it + 1, loss)
@@ -201,11 +224,14 @@ class Trainer(object):
                        epoch_s=time.perf_counter() - t_ep, data_wait_s=batches.wait_s)
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
                 rec['val_loss'], rec['val_top1'], rec['val_top5'] = self.evaluate()
+            rec.update(replicas.epoch_fields(self))
             self.history.append(rec)
             self.progress(None)
             self.log(format_epoch(rec, cfg.epochs))
             if cfg.out and cfg.checkpoint:
                 self.save_checkpoint()
+        if self.timeline is not None:
+            self.timeline.save(cfg.timeline, self.comm)
         return self.summary(time.perf_counter() - t_start, step_times)
 
     # -- checkpoints and progress --------------------------------------------
@@ -226,6 +252,7 @@ class Trainer(object):
         """Write the checkpoint (all ranks take part; rank 0 writes)."""
         from . import checkpoint
         checkpoint.save(self, self.checkpoint_path(), partial)
+        self.comm.barrier()   # rank 0's write must not count against the next step
 
     def resume(self):
         """Continue from the checkpoint in ``cfg.out``."""
@@ -256,7 +283,8 @@ class Trainer(object):
                     step_s_median=float(np.median(st)) if st else None,
                     final_val_top1=last[-1]['val_top1'] if last else None,
                     final_val_top5=last[-1]['val_top5'] if last else None,
-                    history=self.history, config=self.cfg.to_dict())
+                    history=self.history, config=self.cfg.to_dict(),
+                    **replicas.summary_fields(self))
 
 
 def format_epoch(rec, epochs):

@@ -11,6 +11,7 @@ import sys
 import time
 
 from .config import TrainConfig
+from .report import write_curves
 
 
 def load_dataset(cfg):
@@ -53,7 +54,7 @@ def run(cfg, comm=None, log=print):
 
 
 def write_outputs(cfg, summary, trainer):
-    """summary.json and final parameters (npz) under cfg.out, if set."""
+    """summary.json, final parameters (npz) and curves.png under cfg.out, if set."""
     if not cfg.out:
         return
     os.makedirs(cfg.out, exist_ok=True)
@@ -61,6 +62,7 @@ def write_outputs(cfg, summary, trainer):
         json.dump(summary, f, indent=1, default=float)
     import numpy as np
     np.savez(os.path.join(cfg.out, 'params.npz'), **trainer.params.state_dict())
+    write_curves(cfg, summary, trainer)
 
 
 def format_summary(s):
@@ -83,13 +85,22 @@ def main(argv=None):
 
 
 def guarded(fn):
-    """Run ``fn``; on any exception print it with the rank and end every rank."""
+    """Run ``fn``; on any exception print it with the rank and end every rank.
+
+    Returns the exit status (``train/faults.py``: 2 bad input, 3 failed).
+    """
+    from . import faults
+    faults.prepare_agreement()
+    faults.note_rank('running')
     try:
         fn()
+        faults.note_rank('done 0')
         return 0
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
+        status = faults.exit_status(exc)
+        faults.note_rank('failed %d' % status)
         sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s\n'
                          % (comm.rank, comm.size, type(exc).__name__, exc))
         sys.stderr.flush()
@@ -99,11 +110,11 @@ def guarded(fn):
         # An error every rank raised at the same point (found after a
         # collective) ends each rank normally; anything else may have left
         # other ranks inside a collective, so the whole job is aborted.
-        if comm.size > 1 and not getattr(exc, 'all_ranks', False):
+        if comm.size > 1 and not faults.stopped_together(exc):
             import time
             time.sleep(0.5)   # let the launcher forward this rank's message first
-            comm.Abort(3)
-        return 3
+            comm.Abort(status)
+        return status
 
 
 if __name__ == '__main__':

@@ -1,0 +1,138 @@
+"""``theanompi-ext bench allreduce`` and ``bench compare``: quick runs and their arithmetic.
+
+The quick runs check that the commands work end to end and write
+well-formed JSON; timings are not asserted (this machine is shared and the
+numbers are only meaningful as ratios measured in one run, see
+docs/performance.md). Each run is bounded by a subprocess timeout.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from theanompi_ext.bench import allreduce, compare
+
+HAVE_TORCH = importlib.util.find_spec('torch') is not None
+
+
+def run_bench(tmp_path, *argv, timeout):
+    """``theanompi-ext bench ARGV --json FILE`` in a fresh process; returns the JSON."""
+    out = tmp_path / 'result.json'
+    cmd = [sys.executable, '-m', 'theanompi_ext', 'bench'] + list(argv) + ['--json', str(out)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             env=dict(os.environ), start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail('%s hung for %ss:\n%s\n%s' % (' '.join(argv), timeout, exc.stdout, exc.stderr))
+    assert res.returncode == 0, res.stdout + res.stderr
+    with open(out) as f:
+        return json.load(f), res.stdout
+
+
+# ------------------------------------------------------------------ allreduce
+
+def test_allreduce_quick_writes_json(tmp_path):
+    results, stdout = run_bench(tmp_path, 'allreduce', '--quick', timeout=120)
+    assert len(results) == 1
+    res = results[0]
+    assert res['benchmark'] == 'allreduce' and res['ranks'] == 2 and res['network'] == 'shm'
+    assert [r['bytes'] for r in res['rows']] == list(allreduce.QUICK_SIZES)
+    for r in res['rows']:
+        for m in allreduce.METHODS:
+            assert r[m + '_s'] > 0
+            assert len(r[m + '_all_s']) == res['reps']
+            assert r[m + '_busbw_GBps'] == pytest.approx(
+                allreduce.bus_bandwidth(r['bytes'], r[m + '_s'], 2))
+        assert r['ratio_ours'] == pytest.approx(r['raw_s'] / r['ours_s'])
+        assert r['ratio_started'] == pytest.approx(r['raw_s'] / r['started_s'])
+    assert 'raw/ours' in stdout and '1 MB' in stdout
+
+
+def test_allreduce_sizes_and_bandwidth():
+    assert allreduce.parse_size('4K') == 4096
+    assert allreduce.parse_size('64M') == 64 << 20
+    assert allreduce.parse_size('1024') == 1024
+    for bad in ('3', '1.5M', 'x', '6'):
+        with pytest.raises(ValueError):
+            allreduce.parse_size(bad)
+    assert allreduce.DEFAULT_SIZES[0] == 4096 and allreduce.DEFAULT_SIZES[-1] == 64 << 20
+    # 2 ranks: each moves the whole buffer once per call
+    assert allreduce.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1.0)
+    assert allreduce.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5)
+    assert allreduce.format_size(4096) == '4 KB' and allreduce.format_size(1 << 20) == '1 MB'
+
+
+# -------------------------------------------------------------------- compare
+
+def test_compare_quick_writes_json(tmp_path):
+    rows, stdout = run_bench(tmp_path, 'compare', '--quick', timeout=400)
+    systems = [r['system'] for r in rows]
+    expected = list(compare.SYSTEMS if HAVE_TORCH else compare.SYSTEMS[:2])
+    assert systems == expected
+    for r in rows:
+        for key in compare.JSON_KEYS:
+            assert key in r
+        assert r['model'] == 'digits_cnn' and r['network'] == 'shm'
+        assert r['compute_s'] > 0 and r['step_s'] > 0
+        assert r['comm_overhead'] == pytest.approx(r['step_s'] / r['compute_s'] - 1)
+        assert r['hidden_fraction'] is None or isinstance(r['hidden_fraction'], float)
+    # Both projects move the same gradient bytes (BN gamma/beta included).
+    assert len({r['grad_bytes'] for r in rows}) == 1
+    assert 'targets vs DDP' in stdout or not HAVE_TORCH
+
+
+def test_time_modes_alternates_and_counts():
+    calls = []
+    run = {m: (lambda m=m: calls.append(m)) for m in 'abc'}
+    barriers = []
+    times = compare.time_modes(run, 'abc', steps=2, reps=3, barrier=lambda: barriers.append(1),
+                               warmup=1)
+    assert calls[:3] == ['a', 'b', 'c']                      # warm-up
+    blocks = calls[3:][::2]
+    assert blocks == list('abc') + list('bca') + list('cab')  # rotating order
+    assert {m: len(t) for m, t in times.items()} == {'a': 6, 'b': 6, 'c': 6}
+    assert len(barriers) == 3 + 9
+
+
+def test_rows_and_targets():
+    ours = dict(compute=[1.0, 1.0], compute_chunked=[1.1, 1.1], serial=[2.0, 2.0],
+                overlap=[1.4, 1.4], allreduce=[0.9, 0.9], grad_bytes=8, params=2,
+                buckets=1, chunks=2, ranks=2)
+    ddp = dict(compute=[0.5, 0.5], serial=[1.0, 1.0], full=[0.9, 0.9], allreduce=[0.4, 0.4],
+               grad_bytes=8, params=2, torch='x')
+    spec = dict(batch=32, threads=1, ddp_bucket_cap_mb=25.0)
+    rows = compare.summarize('m', 'shm', spec, [ours], [ddp])
+    by = {r['system']: r for r in rows}
+    ov, ser, dd = by['theanompi_ext/ar-overlap'], by['theanompi_ext/ar'], by['pytorch/ddp-gloo']
+    assert ov['comm_overhead'] == pytest.approx(0.4)
+    assert ov['hidden_fraction'] == pytest.approx(0.6)
+    assert ser['hidden_fraction'] == pytest.approx(0.0)
+    assert dd['comm_overhead'] == pytest.approx(0.8)
+    assert dd['hidden_fraction'] == pytest.approx(0.2)
+    text = compare.targets(rows)
+    assert 'overhead +40.0% vs +80.0%: met' in text and '0.60 vs 0.20: met' in text
+    # communication too small to measure: no hidden fraction
+    row = compare.make_row('s', 'm', 'shm', 1.0, 1.001, 1.002)
+    assert row['hidden_fraction'] is None
+    assert 'n/a' in compare.format_table([row])
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')
+def test_pytorch_twins_have_our_parameter_counts():
+    from theanompi_ext.bench.ddp_worker import build_model, count_params
+    from theanompi_ext.model import build_model as ours
+    from theanompi_ext.model.resnet import cifar_resnet
+    for name, spec in compare.MODEL_SPECS.items():
+        shape = tuple(spec['input_shape'])
+        if spec['kind'] == 'cifar_resnet':
+            net = cifar_resnet(shape, 10, depth=spec['depth'], width=spec['width'])
+        else:
+            net = ours(spec['kind'], shape, 10, width=spec['width'])
+        mine = sum(int(p.get_value(borrow=True).size) for p in net.params)
+        assert count_params(build_model(spec, 10)) == mine, name
+    # the zoo's figures
+    assert count_params(build_model(compare.MODEL_SPECS['resnet20'])) == 272474
+    assert count_params(build_model(compare.MODEL_SPECS['resnet20_wide'])) == 4327754

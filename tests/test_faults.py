@@ -1,0 +1,650 @@
+"""Faults and bad input: no hang, no lost work, clear errors (docs/faults.md).
+
+Multi-rank cases run real ``mpiexec`` jobs with one fault injected on one
+rank (tests/mpi/run_faults.py). Every job runs under a hard timeout that
+kills the launcher and all its descendants, so a regression fails instead
+of hanging. Measured times are printed (``pytest -s``).
+"""
+import argparse
+import dataclasses
+import io
+import json
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from theanompi_ext.train import faults, options, replicas
+from theanompi_ext.train.config import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI_DIR = os.path.join(ROOT, 'tests', 'mpi')
+JOB_TIMEOUT = 240
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _descendants(pid):
+    """PIDs of every process below ``pid`` (from /proc)."""
+    children = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % entry) as f:
+                ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def job(cmd, timeout=JOB_TIMEOUT, env=None):
+    """Run ``cmd``; on a timeout SIGKILL it and everything it started, then fail.
+
+    hydra puts its proxy and the ranks in sessions of their own, so killing
+    the process group is not enough; the tree is walked instead.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid] + _descendants(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate()
+        pytest.fail('%s hung for %ss:\n%s\n%s' % (cmd[:6], timeout, out[-3000:], err[-3000:]))
+    return proc.returncode, out, err, time.time()
+
+
+def mpi_cmd(nprocs, script, *args):
+    exe = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    return [exe if os.path.exists(exe) else 'mpiexec', '-n', str(nprocs), sys.executable,
+            os.path.join(MPI_DIR, script)] + [str(a) for a in args]
+
+
+def explained(cmd, size):
+    """``cmd`` (an mpiexec line) run the way ``theanompi-ext train --workers`` runs it."""
+    return [sys.executable, '-c', 'import sys; from theanompi_ext.launch.postmortem import '
+            'run_explained; sys.exit(run_explained(sys.argv[2:], size=int(sys.argv[1])))',
+            str(size)] + cmd
+
+
+def write_cfg(path, **kw):
+    d = dict(model='mlp', batch_per_worker=8, epochs=3, warmup='none', quiet=True,
+             eval_every=100, max_steps=6, extra={'train_subset': 100, 'model_kw': {'hidden': [8]}})
+    d.update(kw)
+    with open(path, 'w') as f:
+        json.dump(d, f)
+    return path
+
+
+def fault_time(err):
+    m = re.search(r'FAULT \S+ rank \d+ pid (\d+) at ([0-9.]+)', err)
+    assert m, err[-3000:]
+    return int(m.group(1)), float(m.group(2))
+
+
+def run_fault(tmp_path, fault, rank=1, at=2, arg=0.0, launcher=False, **cfg):
+    path = write_cfg(str(tmp_path / 'cfg.json'), **cfg)
+    cmd = mpi_cmd(2, 'run_faults.py', path, tmp_path, fault, rank, at, arg)
+    return job(explained(cmd, 2) if launcher else cmd)
+
+
+def _alive(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- a rank dies
+
+def test_sigkilled_rank_ends_job_fast_and_is_named(tmp_path):
+    """SIGKILL (what the OOM killer sends) mid-training: hydra stops the job; the
+    launcher names the rank from hydra's PID."""
+    rc, out, err, t_end = run_fault(tmp_path, 'kill', launcher=True)
+    pid, t_kill = fault_time(err)
+    print('\nSIGKILL of rank 1 -> job exit: %.2f s' % (t_end - t_kill))
+    assert rc == 9, (rc, out[-2000:], err[-2000:])
+    assert re.search(r'rank 1 of 2 \(pid %d on \S+\) died: Killed \(signal 9\)' % pid, err), err
+    assert t_end - t_kill < 15
+    assert not _alive(pid)
+
+
+def test_hung_rank_times_out_with_report_naming_it(tmp_path):
+    """A stopped rank (alive, no progress): the others warn after stall_warn_s, abort
+    after collective_timeout_s with exit status 4, naming the rank."""
+    rc, out, err, t_end = run_fault(tmp_path, 'stop', collective_timeout_s=3, stall_warn_s=1)
+    pid, t_stop = fault_time(err)
+    print('\nSIGSTOP of rank 1 -> job exit: %.2f s (timeout 3 s)' % (t_end - t_stop))
+    assert rc == 4, (rc, err[-3000:])
+    assert "stall: rank 0 of 2 has waited" in err and "'loss stats' at step 2" in err
+    assert re.search(r"rank 0 of 2 \(pid \d+ on \S+\): no progress for [0-9.]+ s in "
+                     r"'loss stats' at step 2 \(collective_timeout_s=3\); not arrived: "
+                     r"rank 1 \(pid %d on \S+\) no answer" % pid, err), err
+    assert 3 <= t_end - t_stop < 3 + 20
+    time.sleep(0.5)
+    assert not _alive(pid)          # the stopped rank was killed with the job
+
+
+def test_exception_on_one_rank_aborts_every_rank(tmp_path):
+    rc, out, err, _ = run_fault(tmp_path, 'raise')
+    assert rc == 3, (rc, err[-3000:])
+    assert 'rank 1 of 2 failed: MemoryError: injected' in err
+
+
+def test_rank_exiting_0_mid_run_is_not_success(tmp_path):
+    """hydra reports success (status 0) most of the time when a rank calls exit(0)
+    mid-run; the launcher sees the rank never finished."""
+    rc, out, err, _ = run_fault(tmp_path, 'exit0', launcher=True)
+    print('\nexit(0) of rank 1 mid-run -> status %d' % rc)
+    assert rc != 0, err[-3000:]
+    if rc == 3:
+        assert re.search(r'ended without finishing training although mpiexec reported '
+                         r'success', err), err
+    assert not (tmp_path / 'summary0.json').exists()
+
+
+# ------------------------------------------------------- uneven data, stalls, replicas
+
+def test_uneven_data_runs_same_steps_everywhere_with_stall_report(tmp_path):
+    """N not a multiple of kn (embedded digits, then an HDF5 source; an MLP with BN):
+    every rank runs floor(N/kn) steps per epoch. A 2.5 s pause of rank 1 is
+    reported (stall_warn_s=1) and the run still finishes. Replica checks every
+    step, with the local BN drift measured."""
+    from theanompi_ext.data.hdf5 import write_dataset
+    rng = np.random.RandomState(0)
+    h5 = str(tmp_path / 'small.h5')
+    write_dataset(h5, rng.randint(0, 256, (50, 8, 8, 1)).astype(np.uint8),
+                  rng.randint(0, 10, 50), rng.randint(0, 256, (10, 8, 8, 1)).astype(np.uint8),
+                  rng.randint(0, 10, 10), ['c%d' % i for i in range(10)])
+    common = dict(epochs=3, warmup='none', quiet=True, eval_every=100, stall_warn_s=1,
+                  collective_timeout_s=60, check_replicas_every=1)
+    model_kw = {'hidden': [8], 'bn': True}
+    cfgs = [dict(common, model='mlp', batch_per_worker=8, max_steps=8,
+                 extra={'train_subset': 100, 'model_kw': model_kw}),
+            dict(common, model='mlp', data=h5, batch_per_worker=4, max_steps=7,
+                 exchange_bn=True, extra={'model_kw': model_kw})]
+    path = tmp_path / 'cfgs.json'
+    path.write_text(json.dumps(cfgs))
+    rc, out, err, _ = job(mpi_cmd(2, 'run_faults.py', path, tmp_path, 'sleep', 1, 3, 2.5))
+    assert rc == 0, err[-3000:]
+    # 100 = 6*16 + 4 and 50 = 6*8 + 2: six steps per epoch, the rest skipped
+    for i, total in enumerate((8, 7)):
+        ranks = [json.loads((tmp_path / ('rank%d_%d.json' % (r, i))).read_text())
+                 for r in (0, 1)]
+        assert ranks[0] == ranks[1] == {'iteration': total, 'iters_per_epoch': 6}
+    s = json.loads((tmp_path / 'summary0.json').read_text())
+    rep = s['replicas']
+    assert rep['checks'] == 8 and rep['identical'] and rep['bn_drift_param'].endswith(
+        ('gamma', 'beta'))
+    assert 0 < rep['bn_drift_max'] < 1
+    assert s['history'][0]['replica_checks'] == 6 and s['history'][0]['bn_drift'] > 0
+    s1 = json.loads((tmp_path / 'summary1.json').read_text())
+    # gamma/beta exchanged: nothing local to drift
+    assert s1['replicas']['checks'] == 7 and s1['replicas']['bn_drift_max'] is None
+    m = re.search(r"stall: rank 0 of 2 has waited [0-9.]+ s in '([^']+)' at step 3 "
+                  r"\(stall_warn_s=1\); not arrived: rank 1 \(pid \d+ on \S+\) between steps "
+                  r"\(the last begun: step 2\)", err)
+    assert m, err[-3000:]
+    assert 'no progress' not in err
+
+
+def test_diverged_replicas_stop_every_rank_naming_them(tmp_path):
+    rc, out, err, _ = run_fault(tmp_path, 'corrupt', at=2, arg=1e-3, check_replicas_every=1)
+    assert rc == 3, err[-3000:]
+    for r in (0, 1):
+        assert re.search(r'rank %d of 2 failed: ReplicaMismatch: exchanged parameters differ '
+                         r'across ranks after iteration 3: rank 0 .* vs rank 1 .*; no majority'
+                         % r, err), err[-3000:]
+
+
+def test_nan_in_one_ranks_data_stops_every_rank_at_that_iteration(tmp_path):
+    rc, out, err, _ = run_fault(tmp_path, 'nan', at=2)
+    assert rc == 3, err[-3000:]
+    for r in (0, 1):
+        assert re.search(r'rank %d of 2 failed: NonFiniteLoss: non-finite loss \(nan\) at '
+                         r'iteration 2 ' % r, err), err[-3000:]
+
+
+# --------------------------------------------------------------------------- watchdog unit
+
+class _FakeTwoRanks(object):
+    """Rank 0 of a pretend world of 2 with no MPI side channel."""
+    name, rank, size = 'fake', 0, 2
+
+    def allgather(self, obj):
+        return [obj, (4242, 'elsewhere')]
+
+
+def _dog(**kw):
+    from theanompi_ext.collective.watchdog import Watchdog
+    aborted = []
+    stream = io.StringIO()
+    kw.setdefault('poll_s', 0.02)
+    dog = Watchdog(_FakeTwoRanks(), stream=stream, abort=aborted.append, reply_s=0.05, **kw)
+    return dog, aborted, stream
+
+
+def test_watchdog_times_out_only_armed_waits():
+    dog, aborted, stream = _dog(timeout_s=0.3, stall_warn_s=0.1)
+    try:
+        with dog.waiting('compile'):          # disarmed: start-up, evaluation
+            time.sleep(0.5)
+        assert not aborted and not stream.getvalue()
+        dog.arm(5)
+        t0 = time.monotonic()
+        with dog.waiting('bucket1'):
+            while not aborted and time.monotonic() - t0 < 10:
+                time.sleep(0.01)
+        waited = time.monotonic() - t0
+    finally:
+        dog.close()
+    assert aborted == [4] and 0.3 <= waited < 3
+    text = stream.getvalue()
+    assert "stall: rank 0 of 2 has waited" in text
+    assert "no progress for" in text and "'bucket1' at step 5" in text
+    assert 'cannot be asked' in text and 'exit status 4' in text
+
+
+def test_watchdog_limit_stretches_with_long_steps():
+    dog, aborted, stream = _dog(timeout_s=0.05, stall_warn_s=0)
+    try:
+        for step in range(3):
+            dog.arm(step)
+            time.sleep(0.1)
+            dog.disarm()
+        assert 0.4 <= dog.limit() < 1.0          # 4 x the median step, not 0.05 s
+        dog.arm(3)
+        with dog.waiting('loss stats'):
+            time.sleep(0.2)                       # longer than timeout_s, within the limit
+        dog.disarm()
+    finally:
+        dog.close()
+    assert not aborted
+
+
+def test_watchdog_off_when_timeouts_are_zero():
+    dog, aborted, stream = _dog(timeout_s=0, stall_warn_s=0)
+    assert not dog.enabled and dog._thread is None
+    dog.arm(0)
+    with dog.waiting('x'):
+        time.sleep(0.05)
+    assert not aborted
+
+
+def test_not_arrived_rule():
+    from theanompi_ext.collective.watchdog import PeerState, Watchdog
+    a = {1: PeerState(1, 7, 3, 'loss stats', True, 1.0, True),
+         2: PeerState(2, 6, 3, '', False, 1.0, True), 3: None,
+         4: PeerState(4, 8, 4, 'bucket0', True, 0.1, True)}
+    assert Watchdog.not_arrived(7, a) == [2, 3]
+    assert 'computing for 1.0 s' in a[2].describe()
+
+
+# --------------------------------------------------------------------------- launcher report
+
+HYDRA = b"""
+===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 17436 RUNNING AT node7
+=   EXIT CODE: 9
+=   CLEANING UP REMAINING PROCESSES
+=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES
+===================================================================================
+YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
+"""
+
+
+def test_launcher_report_maps_pid_to_rank():
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    rep = LauncherReport()
+    for line in HYDRA.splitlines(True):
+        rep.feed(line)
+    notes = {0: (17435, 'node7', 'running'), 1: (17436, 'node7', 'running')}
+    msg, status = explain(9, rep, notes, 2)
+    assert status == 9 and 'rank 1 of 2 (pid 17436 on node7) died: Killed (signal 9)' in msg
+    msg, status = explain(9, rep, {}, 2)
+    assert 'its rank is unknown' in msg
+    assert explain(0, LauncherReport(), {0: (1, 'h', 'done 0')}) == (None, 0)
+    msg, status = explain(0, LauncherReport(), {0: (1, 'h', 'done 0'), 1: (2, 'h', 'running')})
+    assert status == 3 and 'rank 1 (pid 2 on h) ended without finishing' in msg
+    assert explain(4, LauncherReport(), notes) == (None, 4)
+
+
+def test_rank_notes_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv(faults.RANKS_DIR_VAR, str(tmp_path))
+    faults.note_rank('running', rank=3)
+    faults.note_rank('failed 2', rank=3)
+    (tmp_path / 'rank9').write_text('garbage')
+    assert faults.read_rank_notes(str(tmp_path)) == {3: (os.getpid(), os.uname()[1], 'failed 2')}
+
+
+# --------------------------------------------------------------------------- replicas unit
+
+def test_replica_groups_and_message():
+    d = [(1, 2.0), (1, 2.0), (5, 2.5), (1, 2.0)]
+    groups = replicas.group_ranks(d)
+    assert groups == [[0, 1, 3], [2]]
+    msg = replicas.describe_mismatch(groups, d, 12, 4)
+    assert 'after iteration 12' in msg and 'ranks 0,1,3' in msg
+    assert 'rank 2 differs from the majority' in msg
+    assert 'no majority' in replicas.describe_mismatch([[0], [1]], d, 3, 2)
+    v = np.arange(10, dtype=np.float32)
+    assert replicas.digest(v) == replicas.digest(v.copy())
+    w = v.copy()
+    w[3] = np.nextafter(w[3], np.float32(100))     # one ulp
+    assert replicas.digest(w)[0] != replicas.digest(v)[0]
+
+
+def test_ranks_that_disagree_on_data_are_refused():
+    from types import SimpleNamespace
+    from theanompi_ext.train.trainer import RankMismatchError
+    mine = SimpleNamespace(cfg=TrainConfig(), iters_per_epoch=6, iteration=0,
+                           data=SimpleNamespace(y_train=np.zeros(100), y_val=np.zeros(5),
+                                                n_classes=10))
+    sig = faults.run_signature(mine)
+
+    class Comm(object):
+        def allgather(self, obj):
+            return [obj, dict(obj, n_train=90, iters_per_epoch=5)]
+    mine.comm = Comm()
+    with pytest.raises(RankMismatchError, match='rank 1 has iters_per_epoch=5, rank 0 has 6'):
+        faults.check_ranks_agree(mine)
+    # per-rank options (quiet, timeouts) may differ
+    assert 'quiet' not in sig and 'collective_timeout_s' not in sig and 'seed' in sig
+
+
+# ------------------------------------------------------------ checkpoints under kill -9
+
+def test_kill_9_during_checkpoint_write_leaves_a_whole_checkpoint(tmp_path):
+    """A writer saving 16 MB checkpoints in a loop is SIGKILLed at random moments,
+    6 times; each time the file is one complete version and loads."""
+    sys.path.insert(0, MPI_DIR)
+    try:
+        import ckpt_writer
+    finally:
+        sys.path.remove(MPI_DIR)
+    from theanompi_ext.train import checkpoint
+    entries = 1 << 21
+    path = tmp_path / checkpoint.FILENAME
+    rnd = random.Random(7)
+    mid_write = 0
+    for round_ in range(6):
+        first = 1000 * (round_ + 1)
+        proc = subprocess.Popen([sys.executable, os.path.join(MPI_DIR, 'ckpt_writer.py'),
+                                 str(tmp_path), str(first), str(entries)],
+                                stdout=subprocess.PIPE, text=True)
+        saved = []
+        reader = threading.Thread(target=lambda: saved.extend(proc.stdout))
+        reader.start()
+        t0 = time.monotonic()
+        while not saved and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        assert saved, 'the writer never saved'
+        time.sleep(rnd.uniform(0.0, 0.6))
+        proc.kill()
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+        last = int(saved[-1].split()[1])
+        tmp_left = [p for p in os.listdir(tmp_path) if '.tmp-%d' % proc.pid in p]
+        mid_write += bool(tmp_left)
+        tr = ckpt_writer.fake_trainer(str(tmp_path), entries)
+        partial = checkpoint.load(tr, str(path))
+        v = tr.iteration
+        assert v in (last, last + 1), (v, last)    # the save after the last print may have landed
+        assert partial == {'version': v} and tr.history == [{'version': v}]
+        assert np.all(tr.params.values == v) and np.all(tr.rule.velocity == v)
+        assert tr.rule.lr_prev == v and np.all(tr.net.stats[0].value == v)
+        for p in tmp_left:
+            os.unlink(os.path.join(tmp_path, p))
+    print('\nkill -9 landed during a write in %d of 6 rounds' % mid_write)
+    assert mid_write >= 1
+
+
+# --------------------------------------------------------------------------- bad input, one process
+
+@pytest.fixture(scope='module')
+def good_h5(tmp_path_factory):
+    from theanompi_ext.data.hdf5 import write_dataset
+    rng = np.random.RandomState(1)
+    path = str(tmp_path_factory.mktemp('h5') / 'good.h5')
+    write_dataset(path, rng.randint(0, 256, (40, 8, 8, 1)).astype(np.uint8),
+                  rng.randint(0, 10, 40), rng.randint(0, 256, (8, 8, 8, 1)).astype(np.uint8),
+                  rng.randint(0, 10, 8), ['c%d' % i for i in range(10)])
+    return path
+
+
+def _damaged(good, tmp_path, how):
+    path = str(tmp_path / ('%s.h5' % how))
+    data = open(good, 'rb').read()
+    if how == 'truncated':
+        open(path, 'wb').write(data[:len(data) // 3])
+        return path, 'not a readable HDF5 file|unreadable|cannot be read'
+    if how == 'not_hdf5':
+        open(path, 'wb').write(b'label,image\n1,2\n')
+        return path, 'not a readable HDF5 file'
+    if how == 'missing':
+        return str(tmp_path / 'nowhere.h5'), 'no such file'
+    if how == 'directory':
+        return str(tmp_path), 'is a directory'
+    open(path, 'wb').write(data)
+    with h5py.File(path, 'r+') as f:
+        if how == 'labels_out_of_range':
+            f['train/labels'][3] = 10
+            return path, r"'train/labels' has values outside \[0, 10\)"
+        if how == 'float_images':
+            del f['train/images']
+            f['train/images'] = np.zeros((40, 8, 8, 1), np.float32)
+            return path, "'train/images' must be uint8"
+        if how == 'wrong_shape':
+            del f['val/images']
+            f['val/images'] = np.zeros((8, 7, 8, 1), np.uint8)
+            return path, "'val/images' has image shape"
+        if how == 'missing_labels':
+            del f['train/labels']
+            return path, "missing dataset 'train/labels'"
+        if how == 'nan_std':
+            f['std'][0] = np.nan
+            return path, "'std' has non-finite values"
+    raise AssertionError(how)
+
+
+BAD_FILES = ['truncated', 'not_hdf5', 'missing', 'directory', 'labels_out_of_range',
+             'float_images', 'wrong_shape', 'missing_labels', 'nan_std']
+
+
+@pytest.mark.parametrize('how', BAD_FILES)
+def test_bad_data_file_is_bad_input(good_h5, tmp_path, how):
+    from theanompi_ext.data.hdf5 import DataError
+    from theanompi_ext.train.worker import run
+    path, msg = _damaged(good_h5, tmp_path, how)
+    cfg = TrainConfig(model='mlp', data=path, batch_per_worker=4, epochs=1, warmup='none',
+                      quiet=True)
+    with pytest.raises(DataError, match=msg) as info:
+        run(cfg)
+    assert str(info.value).startswith(path)
+    assert faults.exit_status(info.value) == faults.EXIT_BAD_INPUT
+
+
+def test_corrupt_data_file_exits_2_from_two_ranks(good_h5, tmp_path):
+    path, _ = _damaged(good_h5, tmp_path, 'truncated')
+    rc, out, err, _ = job([sys.executable, '-m', 'theanompi_ext', 'train', '--workers', '2',
+                           '--data', path, '--model', 'mlp', '--quiet'])
+    assert rc == 2, (rc, err[-3000:])
+    assert re.search(r'rank [01] of 2 failed: DataError: %s' % re.escape(path), err), err
+
+
+def _cli(*argv):
+    from theanompi_ext.cli import main
+    err = io.StringIO()
+    old, sys.stderr = sys.stderr, err
+    try:
+        status = main(['train'] + list(argv))
+    finally:
+        sys.stderr = old
+    return status, err.getvalue()
+
+
+@pytest.mark.parametrize('text,msg', [
+    ('epochs = 3\nbatch_per_worker\n', 'line 2: expected KEY=VALUE'),
+    (' = 3\n', 'line 1: empty key'),
+    ('epochs = three\n', 'EPOCHS'),
+    ('nesterov = maybe\n', 'NESTEROV.*boolean'),
+    ('decay_epochs = 1e400\n', 'DECAY_EPOCHS'),
+    ('weight_decay = nan\n', 'weight_decay'),
+    ('bucket_cap_mb = inf\n', 'bucket_cap_mb'),
+    ('collective_timeout_s = -1\n', 'collective_timeout_s'),
+    ('check_replicas_every = -2\n', 'check_replicas_every'),
+    ('\x00\xff\xfe\n', 'not text|expected KEY=VALUE'),
+])
+def test_malformed_config_files_exit_2(tmp_path, text, msg):
+    p = tmp_path / 'session.cfg'
+    p.write_bytes(text.encode('latin-1'))
+    status, err = _cli('--config', str(p))
+    assert status == 2 and re.search(msg, err), err
+
+
+@pytest.mark.parametrize('argv,msg', [
+    (['--config', '/nonexistent/session.cfg'], 'cannot read config file'),
+    (['--stall-warn-s', 'nan'], 'stall_warn_s'),
+    (['--collective-timeout-s', '-5'], 'collective_timeout_s'),
+    (['--momentum', 'inf'], 'momentum'),
+    (['--workers', '0'], 'workers'),
+])
+def test_malformed_options_exit_2(argv, msg):
+    status, err = _cli(*argv)
+    assert status == 2 and re.search(msg, err), err
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+_KEYS = sorted(options.config_keys())
+_VALUES = st.sampled_from(['nan', 'inf', '-inf', '-1', '0', '1', '1e400', '1e-400', '3,4',
+                           '(1, 2)', '[]', 'true', 'no', '', '  ', '"x"', "'", '=', '#', '0x10',
+                           '1_000', '١٢', 'mlp', 'kn', 'ar-overlap', 'gradual']) | st.text(
+                               max_size=12)
+
+
+def _line(key, value):
+    return '%s = %s' % (key, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(st.sampled_from(_KEYS + ['bogus', 'EPOCHS', '']), _VALUES)
+                      .map(lambda kv: _line(*kv)) | st.text(max_size=40), max_size=6))
+def test_fuzz_config_file_only_value_errors(lines):
+    """Any key=value file: a validated config with finite numbers, or a ValueError."""
+    fd, path = tempfile.mkstemp(suffix='.cfg')
+    try:
+        with os.fdopen(fd, 'w', encoding='utf-8', errors='surrogatepass') as f:
+            f.write('\n'.join(lines))
+        args = argparse.Namespace(**{k: None for k in _KEYS})
+        try:
+            cfg = options.config_from(args, options.read_kv_file(path, options.config_keys()))
+        except ValueError:
+            return
+    finally:
+        os.unlink(path)
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, float):
+            assert math.isfinite(v), (f.name, v)
+    cfg.validate()
+
+
+_GOOD_BYTES = {}
+
+
+def _good_bytes():
+    if not _GOOD_BYTES:
+        from theanompi_ext.data.hdf5 import write_dataset
+        rng = np.random.RandomState(2)
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, 'g.h5')
+            write_dataset(p, rng.randint(0, 256, (6, 4, 4, 3)).astype(np.uint8),
+                          rng.randint(0, 3, 6), rng.randint(0, 256, (2, 4, 4, 3)).astype(np.uint8),
+                          rng.randint(0, 3, 2), ['a', 'b', 'c'])
+            _GOOD_BYTES['v'] = open(p, 'rb').read()
+    return _GOOD_BYTES['v']
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
+                      min_size=1, max_size=8))
+def test_fuzz_damaged_hdf5_training_reads_only_data_errors(flips):
+    """Bytes of a valid file overwritten anywhere: opening it as a training source
+    and reading every batch raises DataError or works, nothing else."""
+    from theanompi_ext.data.hdf5 import DataError
+    from theanompi_ext.data.source import HDF5Source
+    data = bytearray(_good_bytes())
+    for where, byte in flips:
+        data[int(where * len(data))] = byte
+    fd, path = tempfile.mkstemp(suffix='.h5')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(bytes(data))
+        try:
+            src = HDF5Source(path, crop=4, scale_min=0.5)
+            for i in range(len(src.y_train)):
+                x, y = src.train_batch(np.array([i]))
+                assert x.shape == (1, 3, 4, 4) and np.all((y >= 0) & (y < 3))
+            for i in range(len(src.y_val)):
+                src.val_batch(np.array([i]))
+            src.ds.close()
+        except DataError:
+            pass
+    finally:
+        os.unlink(path)
+
+
+# --------------------------------------------------------------------------- no pickle
+
+_UNSAFE_LOADERS = [r'\bimport\s+(c?pickle|dill|shelve|marshal|joblib)\b',
+                   r'\bfrom\s+(c?pickle|dill|shelve|marshal|joblib)\b',
+                   r'allow_pickle\s*=\s*True', r'torch\.load\s*\(', r'pickle\.loads?\s*\(',
+                   r'read_pickle\s*\(', r'yaml\.load\s*\(', r'yaml\.unsafe_load',
+                   r'np\.load\s*\([^)]*allow_pickle']
+
+
+def test_nothing_is_loaded_with_pickle():
+    """No module of the package unpickles files (checkpoints and data are HDF5;
+    np.load keeps numpy's default allow_pickle=False)."""
+    pkg = os.path.join(ROOT, 'theanompi_ext')
+    hits, scanned = [], 0
+    for folder, _, files in os.walk(pkg):
+        for name in files:
+            if not name.endswith('.py'):
+                continue
+            scanned += 1
+            with open(os.path.join(folder, name), encoding='utf-8') as f:
+                for no, line in enumerate(f, 1):
+                    code = line.split('#', 1)[0]
+                    if any(re.search(p, code) for p in _UNSAFE_LOADERS):
+                        hits.append('%s:%d: %s' % (os.path.relpath(f.name, ROOT), no,
+                                                   line.strip()))
+    assert scanned > 30
+    assert not hits, '\n'.join(hits)

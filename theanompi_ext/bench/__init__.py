@@ -1,0 +1,4 @@
+"""Measurements: ``theanompi-ext bench <name>`` (see :mod:`.cli`).
+
+``overlap``  serial vs backprop-overlapped gradient exchange (:mod:`.overlap`).
+"""

@@ -1,0 +1,390 @@
+"""``theanompi-ext bench compare``: this project's exchangers against PyTorch DDP.
+
+The same network (the CIFAR ResNet-20 or its 4x wide variant, see
+:mod:`.ddp_worker` for the PyTorch twin), the same synthetic batch of 32
+(3, 32, 32) images per rank, the same 2 ranks on this machine, one compute
+thread per rank, three systems:
+
+``theanompi_ext/ar-overlap``  our trainer, ``exch_strategy='ar-overlap'``
+                              (chunked backward, bucket allreduces started
+                              during backprop on the MPI backend's thread)
+``theanompi_ext/ar``          our trainer, ``exch_strategy='ar'`` (one
+                              compiled backward, then the buckets)
+``pytorch/ddp-gloo``          ``DistributedDataParallel`` on gloo, default
+                              buckets (25 MB, first 1 MB); skipped with a
+                              message when PyTorch is not installed
+
+Both trainers exchange every gradient, batch-norm gamma/beta included
+(``exchange_bn=True``), so the two projects move the same bytes; BN running
+statistics stay per rank on both sides (DDP ``broadcast_buffers=False``).
+
+Per system three step times are measured, each the median over steps of
+the step time of the slower rank:
+
+* ``compute_s``: forward + backward + update with no communication at all
+  (ours: the monolithic backward without any exchange; DDP: inside
+  ``no_sync()``);
+* ``serial_s``: the same plus the whole gradient summed after the backward
+  pass (ours: the ``ar`` step; DDP: one flat gloo ``all_reduce``);
+* ``step_s``: the system's real step.
+
+and from them ``comm_overhead = step_s / compute_s - 1`` and
+``hidden_fraction = (serial_s - step_s) / (serial_s - compute_s)``: the share
+of the non-overlapped exchange's cost that the system's step does not pay
+(0 for a serial exchanger; ``null`` when that cost is under 1% of the
+compute step, where the ratio is noise). The definitions are the same for
+both projects; ``docs/performance.md`` has the figures.
+
+Alternation: each (network, model) setting launches ``--launches`` pairs of
+jobs, ours then DDP, then DDP then ours, ...; inside a job the modes run in
+blocks of ``--steps`` steps in a rotating order, ``--reps`` times. Medians
+are over every measured step of every job.
+
+Networks: ``shm`` (this machine: MPI over shared memory, gloo over TCP on
+the loopback) and ``tbf:RATE`` (both in a network namespace whose loopback
+is rate-limited, MPI forced onto TCP; needs root, see :mod:`.overlap`).
+"""
+import json
+import socket
+import sys
+import time
+
+import numpy as np
+
+SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
+OURS_MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
+JSON_KEYS = ('system', 'model', 'network', 'compute_s', 'step_s', 'comm_overhead',
+             'hidden_fraction')
+# The architectures both sides build: ours with model.resnet.cifar_resnet
+# (the same call as the zoo's resnet20 / resnet20_wide) or the zoo's
+# digits_cnn, PyTorch with ddp_worker.build_model.
+MODEL_SPECS = {
+    'resnet20': dict(kind='cifar_resnet', depth=20, width=16, input_shape=[3, 32, 32]),
+    'resnet20_wide': dict(kind='cifar_resnet', depth=20, width=64, input_shape=[3, 32, 32]),
+    # --quick: the test suite's model; a ResNet compiles 3x longer in Theano.
+    'digits_cnn': dict(kind='digits_cnn', width=16, input_shape=[1, 8, 8]),
+}
+DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
+
+
+# -- the command ---------------------------------------------------------------------
+
+def register(sub):
+    """Add ``bench compare`` to the ``bench`` sub-parsers."""
+    p = sub.add_parser('compare', help='our exchangers vs PyTorch DDP, same model and ranks',
+                       description=__doc__.split('\n\n')[0])
+    p.add_argument('--models', default=','.join(DEFAULT_MODELS),
+                   help='comma-separated, from %s (default %%(default)s)'
+                        % ', '.join(sorted(MODEL_SPECS)))
+    p.add_argument('--network', action='append', default=None, metavar='NET',
+                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:1gbit (needs root); repeatable")
+    p.add_argument('--ranks', type=int, default=2, help='ranks (default 2)')
+    p.add_argument('--batch', type=int, default=32, help='examples per rank (default 32)')
+    p.add_argument('--threads', type=int, default=1,
+                   help='compute threads per rank, both projects (default 1)')
+    p.add_argument('--steps', type=int, default=3, help='timed steps per block (default 3)')
+    p.add_argument('--reps', type=int, default=3,
+                   help='alternating blocks per mode in one job (default 3)')
+    p.add_argument('--warmup', type=int, default=2, help='untimed steps per mode (default 2)')
+    p.add_argument('--launches', type=int, default=2,
+                   help='jobs per system and setting, alternating ours/DDP (default 2)')
+    p.add_argument('--ddp-bucket-cap-mb', type=float, default=25.0,
+                   help="DDP's bucket_cap_mb (default 25, DDP's own default)")
+    p.add_argument('--no-ddp', action='store_true', help='measure only this project')
+    p.add_argument('--quick', action='store_true',
+                   help='tiny model (digits_cnn on 8x8 inputs, batch 8), 1 job, few steps')
+    p.add_argument('--json', default='', metavar='FILE',
+                   help='write one object per system and setting to FILE')
+    p.add_argument('--timeout', type=float, default=3600.0,
+                   help='seconds before one job is stopped (default %(default)s)')
+    p.set_defaults(func=main)
+
+
+def main(args):
+    """Run every (network, model) setting, print the tables, write --json."""
+    from ..launch import in_mpi_job
+    from .overlap import parse_network, format_network, NetworkSetupError
+    from .ddp_worker import torch_problem
+    say = sys.stderr.write
+    if in_mpi_job():
+        say('theanompi-ext bench compare: error: run it outside mpiexec; it starts its '
+            'own jobs (ours and DDP)\n')
+        return 2
+    try:
+        spec = make_spec(args)
+        networks = [parse_network(n) for n in (args.network or ['shm'])]
+    except ValueError as exc:
+        say('theanompi-ext bench compare: error: %s\n' % exc)
+        return 2
+    ddp = not args.no_ddp
+    if ddp and torch_problem():
+        say('theanompi-ext bench compare: %s; skipping PyTorch DDP\n' % torch_problem())
+        ddp = False
+    rows, status = [], 0
+    for net in networks:
+        for model in spec['models']:
+            try:
+                got = run_setting(spec, model, net, args.ranks, ddp, args.launches,
+                                  args.timeout)
+            except NetworkSetupError as exc:
+                say('theanompi-ext bench compare: network %s cannot be emulated here (%s): '
+                    'SKIPPED\n' % (format_network(net), exc))
+                break
+            except RuntimeError as exc:
+                say('theanompi-ext bench compare: %s, %s: %s\n'
+                    % (format_network(net), model, exc))
+                status = 1
+                continue
+            rows.extend(got)
+            print(format_table(got))
+            sys.stdout.flush()
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rows, f, indent=1)
+    return status
+
+
+def make_spec(args):
+    """The settings every job gets (a JSON-able dict)."""
+    if args.ranks < 2:
+        raise ValueError('--ranks must be >= 2 (nothing to exchange with one rank)')
+    for name in ('batch', 'threads', 'steps', 'reps', 'launches'):
+        if getattr(args, name) < 1:
+            raise ValueError('--%s must be >= 1' % name)
+    if args.warmup < 0 or args.ddp_bucket_cap_mb <= 0:
+        raise ValueError('--warmup must be >= 0 and --ddp-bucket-cap-mb > 0')
+    quick = bool(args.quick)
+    models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
+        else [m for m in args.models.split(',') if m]
+    for m in models:
+        if m not in MODEL_SPECS:
+            raise ValueError('unknown model %r; choose from %s' % (m, sorted(MODEL_SPECS)))
+    if quick:
+        args.launches = 1
+    return dict(models=models, batch=8 if quick and args.batch == 32 else args.batch,
+                threads=args.threads, steps=2 if quick else args.steps,
+                reps=2 if quick else args.reps, warmup=1 if quick else args.warmup,
+                n_classes=10, ddp_bucket_cap_mb=args.ddp_bucket_cap_mb)
+
+
+def run_setting(spec, model, net, ranks, ddp, launches, timeout):
+    """All jobs of one (network, model) setting; returns its result rows."""
+    from .allreduce import run_ranks
+    spec = dict(spec, model=model, model_spec=MODEL_SPECS[model])
+    ours, theirs = [], []
+    # The same compute threads for both projects, whatever the caller's
+    # environment says (Theano's BLAS reads these; PyTorch gets the count
+    # through the spec).
+    threads = {v: str(spec['threads'])
+               for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')}
+    for launch in range(launches):
+        # Alternate which project goes first, so drifting load hits both.
+        jobs = ['ours', 'ddp'] if launch % 2 == 0 else ['ddp', 'ours']
+        for job in jobs:
+            if job == 'ours':
+                ours.append(run_ranks('theanompi_ext.bench.compare', spec, net, ranks,
+                                      timeout, threads))
+            elif ddp:
+                theirs.append(run_ranks('theanompi_ext.bench.ddp_worker',
+                                        dict(spec, port=free_port()), net, ranks, timeout,
+                                        threads))
+    from .overlap import format_network
+    return summarize(model, format_network(net), spec, ours, theirs)
+
+
+def free_port():
+    """A TCP port nobody listens on now (for gloo's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+# -- numbers -------------------------------------------------------------------------
+
+def _median(results, mode):
+    vals = [v for r in results for v in r[mode]]
+    return float(np.median(vals)), len(vals)
+
+
+def make_row(system, model, network, compute, step, serial, **extra):
+    """One result object with the derived ratios (see the module docstring)."""
+    from .overlap import hidden_fraction
+    row = dict(system=system, model=model, network=network, compute_s=compute, step_s=step,
+               comm_overhead=step / compute - 1.0,
+               hidden_fraction=hidden_fraction(compute, serial, step), serial_s=serial)
+    row.update(extra)
+    return row
+
+
+def summarize(model, network, spec, ours, theirs):
+    """Result rows of one setting from the jobs' per-step times."""
+    rows = []
+    common = dict(batch=spec['batch'], ranks=None, threads=spec['threads'])
+    if ours:
+        med = {m: _median(ours, m) for m in OURS_MODES}
+        c, s = med['compute'][0], med['serial'][0]
+        extra = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
+                     params=ours[0]['params'], allreduce_s=med['allreduce'][0],
+                     compute_chunked_s=med['compute_chunked'][0],
+                     steps_measured=med['overlap'][1], buckets=ours[0]['buckets'],
+                     chunks=ours[0]['chunks'])
+        rows.append(make_row(SYSTEMS[0], model, network, c, med['overlap'][0], s, **extra))
+        rows.append(make_row(SYSTEMS[1], model, network, c, s, s, **extra))
+    if theirs:
+        med = {m: _median(theirs, m) for m in ('compute', 'serial', 'full', 'allreduce')}
+        rows.append(make_row(
+            SYSTEMS[2], model, network, med['compute'][0], med['full'][0], med['serial'][0],
+            **dict(common, ranks=ours[0]['ranks'] if ours else None,
+                   grad_bytes=theirs[0]['grad_bytes'], params=theirs[0]['params'],
+                   allreduce_s=med['allreduce'][0], steps_measured=med['full'][1],
+                   torch=theirs[0]['torch'], ddp_bucket_cap_mb=spec['ddp_bucket_cap_mb'])))
+    return rows
+
+
+def targets(rows):
+    """The two targets against DDP for one setting, as text (or None without DDP).
+
+    Ours (overlapped) must have a communication overhead no larger than
+    DDP's and a hidden fraction no smaller.
+    """
+    by = {r['system']: r for r in rows}
+    ours, ddp = by.get(SYSTEMS[0]), by.get(SYSTEMS[2])
+    if not ours or not ddp:
+        return None
+    oh = ours['comm_overhead'] <= ddp['comm_overhead']
+    a, b = ours['hidden_fraction'], ddp['hidden_fraction']
+    if a is None or b is None:
+        hf = 'n/a (communication under 1% of compute)'
+    else:
+        hf = 'met' if a >= b else 'NOT met'
+    return ('targets vs DDP: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s' % (
+        100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], 'met' if oh else 'NOT met',
+        _fmt_frac(a), _fmt_frac(b), hf))
+
+
+def _fmt_frac(v):
+    return 'n/a' if v is None else '%.2f' % v
+
+
+def format_table(rows):
+    """One line per system: times in ms, overhead in %, hidden fraction."""
+    if not rows:
+        return '(no results)'
+    r0 = rows[0]
+    lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients'
+             % (r0['model'], r0['network'], r0.get('ranks'), r0.get('batch'), r0.get('threads'),
+                r0.get('grad_bytes', 0) / 1e6),
+             '%-26s %10s %10s %10s %10s %9s %7s' % ('system', 'compute ms', 'step ms',
+                                                   'serial ms', 'allred ms', 'overhead',
+                                                   'hidden')]
+    for r in rows:
+        lines.append('%-26s %10.1f %10.1f %10.1f %10.1f %8.1f%% %7s' % (
+            r['system'], 1e3 * r['compute_s'], 1e3 * r['step_s'], 1e3 * r['serial_s'],
+            1e3 * r.get('allreduce_s', float('nan')), 100 * r['comm_overhead'],
+            _fmt_frac(r['hidden_fraction'])))
+    verdict = targets(rows)
+    if verdict:
+        lines.append(verdict)
+    return '\n'.join(lines)
+
+
+# -- the timing protocol (both projects) ------------------------------------------------
+
+def time_modes(run, modes, steps, reps, barrier, warmup=1):
+    """Time ``run[mode]()`` calls, alternating the modes; returns {mode: [seconds]}.
+
+    Every mode first runs ``warmup`` untimed steps (allocation, DDP's bucket
+    rebuild after its first step). Then, ``reps`` times, each mode runs a
+    block of ``steps`` timed steps after ``barrier()``; the order of the
+    modes rotates by one each repetition. The same function times both
+    projects, so they are measured the same way.
+    """
+    for mode in modes:
+        for _ in range(warmup):
+            barrier()
+            run[mode]()
+    times = {m: [] for m in modes}
+    clock = time.perf_counter
+    for rep in range(reps):
+        k = rep % len(modes)
+        for mode in tuple(modes[k:]) + tuple(modes[:k]):
+            barrier()
+            for _ in range(steps):
+                t0 = clock()
+                run[mode]()
+                times[mode].append(clock() - t0)
+    return times
+
+
+# -- our side, inside each rank -----------------------------------------------------------
+
+def measure_ours(spec):
+    """Time this project's modes on this rank (collective over COMM_WORLD).
+
+    Returns, on every rank, ``{mode: [per-step seconds on the slower rank]}``
+    for :data:`OURS_MODES`, plus sizes.
+    """
+    from ..collective.mpi import MPICommunicator
+    from ..collective.watchdog import watch
+    from ..model import build_model
+    from ..model.resnet import cifar_resnet
+    from ..train.config import TrainConfig
+    from ..train.trainer import Trainer
+    from .overlap import synthetic_dataset, compute_step
+    # As users run it: the trainers' step watchdog included (one shared).
+    comm = watch(MPICommunicator())
+    m, n, k = spec['model_spec'], spec['batch'], comm.size
+    shape = tuple(m['input_shape'])
+    data = synthetic_dataset(shape, 4 * n * k, spec['n_classes'])
+    trainers = {}
+    for strategy in ('ar', 'ar-overlap'):
+        if m['kind'] == 'cifar_resnet':
+            net = cifar_resnet(shape, spec['n_classes'], depth=m['depth'], width=m['width'],
+                               seed=0, name=spec['model'])
+        else:
+            net = build_model(m['kind'], shape, spec['n_classes'], seed=0, width=m['width'])
+        cfg = TrainConfig(model=spec['model'], batch_per_worker=n, epochs=1, warmup='none',
+                          base_lr=0.01, quiet=True, checkpoint=False, exchange_bn=True,
+                          exch_strategy=strategy)
+        trainers[strategy] = Trainer(net, data, cfg, comm, log=lambda *a, **kw: None)
+    serial, overlap = trainers['ar'], trainers['ar-overlap']
+    x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
+    lr = np.float32(0.001)
+    zeros = np.zeros_like(serial.grads)
+    run = {
+        'compute': lambda: compute_step(serial, x, y, lr),
+        'compute_chunked': lambda: compute_step(overlap, x, y, lr),
+        'serial': lambda: serial.step(x, y),
+        'overlap': lambda: overlap.step(x, y),
+        'allreduce': lambda: serial.exchanger.reduce(zeros),
+    }
+    local = time_modes(run, OURS_MODES, spec['steps'], spec['reps'], comm.barrier,
+                       warmup=spec['warmup'])
+    everyone = comm.allgather(json.dumps(local))
+    ranks = [json.loads(e) for e in everyone]
+    out = {mode: [float(v) for v in np.max([r[mode] for r in ranks], axis=0)]
+           for mode in OURS_MODES}
+    out.update(grad_bytes=4 * int(serial.n_exch), params=int(serial.layout.total),
+               buckets=len(serial.buckets), chunks=overlap.backward.n_chunks, ranks=k)
+    comm.barrier()
+    comm.close()
+    return out
+
+
+def worker_main(spec_path):
+    """Entry point of each rank: ``python -m theanompi_ext.bench.compare SPEC.json``."""
+    from ..train.worker import guarded
+    with open(spec_path) as f:
+        spec = json.load(f)
+
+    def run():
+        res = measure_ours(spec)
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            with open(spec['out'], 'w') as f:
+                json.dump(res, f)
+    return guarded(run)
+
+
+if __name__ == '__main__':
+    sys.exit(worker_main(sys.argv[1]))

@@ -1,0 +1,246 @@
+"""The PyTorch DDP side of ``theanompi-ext bench compare`` (one process per rank).
+
+``python -m theanompi_ext.bench.ddp_worker SPEC.json``, started by
+:mod:`.compare` through ``mpiexec``, which here only starts the processes
+and gives each its rank (``PMI_RANK``/``PMI_SIZE``); the processes talk
+through ``torch.distributed`` on the ``gloo`` backend (TCP, also between
+ranks of one machine: gloo has no shared-memory transport). PyTorch is
+imported inside functions only, so the package never needs it; it comes
+with the optional ``[bench]`` extra (``torch==2.13.0``).
+
+The model is written here to match the project's CIFAR ResNet
+(:func:`theanompi_ext.model.resnet.cifar_resnet`) layer for layer: a 3x3
+conv-BN-ReLU stem, three stages of basic blocks with widths ``w, 2w, 4w``
+(stages 2 and 3 start with stride 2), option-B shortcuts (1x1 conv with the
+block's stride, then BN) where the shape changes, the last BN of every
+residual branch starting at gamma 0, no convolution biases, global average
+pooling and one fully connected layer. Same parameter count (272,474 for
+ResNet-20 with 10 classes, 4,327,754 for the 4x wide one).
+
+Modes timed (see :func:`.compare.time_modes` for the protocol):
+
+``compute``    forward, backward and SGD step inside ``DDP.no_sync()``:
+               no communication at all
+``serial``     the same, then every gradient summed in one flat
+               ``all_reduce`` after the backward pass (the exchange not
+               overlapped), then the step
+``full``       an ordinary DDP step: bucket allreduces started by autograd
+               hooks during the backward pass
+``allreduce``  the flat ``all_reduce`` of the gradient bytes alone
+"""
+import json
+import os
+import sys
+
+MODES = ('compute', 'serial', 'full', 'allreduce')
+
+
+def torch_problem():
+    """Why PyTorch cannot be used here, or None."""
+    import importlib.util
+    if importlib.util.find_spec('torch') is None:
+        return ("PyTorch is not installed (pip install 'theanompi_ext[bench]', "
+                'which pins torch==2.13.0)')
+    return None
+
+
+def build_resnet(depth=20, width=16, n_classes=10, in_channels=3, seed=0):
+    """A CIFAR ResNet of basic blocks in PyTorch, matching :func:`cifar_resnet`.
+
+    Returns a ``torch.nn.Module``. Initial values follow the project's
+    choices where they matter for the architecture (zero gamma on the last
+    BN of each branch); the weights themselves only need the right shapes.
+    """
+    import torch
+    from torch import nn
+    if depth < 8 or (depth - 2) % 6:
+        raise ValueError('depth must be 6n + 2 with n >= 1, not %r' % (depth,))
+    torch.manual_seed(seed)
+
+    def bn(c, gamma=1.0):
+        # momentum 0.1 in PyTorch's convention is the project's 0.9.
+        layer = nn.BatchNorm2d(c, eps=1e-5, momentum=0.1)
+        nn.init.constant_(layer.weight, gamma)
+        return layer
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv_a = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn_a = bn(cout)
+            self.conv_b = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn_b = bn(cout, gamma=0.0)     # the block starts as the identity
+            self.proj = None
+            if stride != 1 or cin != cout:
+                self.proj = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
+                                          bn(cout))
+
+        def forward(self, x):
+            h = torch.relu(self.bn_a(self.conv_a(x)))
+            h = self.bn_b(self.conv_b(h))
+            return torch.relu(h + (x if self.proj is None else self.proj(x)))
+
+    n = (depth - 2) // 6
+    layers = [nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), bn(width), nn.ReLU()]
+    cin = width
+    for stage in range(3):
+        cout = width * 2 ** stage
+        for j in range(n):
+            layers.append(Block(cin, cout, 2 if (stage > 0 and j == 0) else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, n_classes)]
+    return nn.Sequential(*layers)
+
+
+def build_digits_cnn(width=16, n_classes=10, in_channels=1, seed=0):
+    """PyTorch twin of the zoo's ``digits_cnn`` (the ``--quick`` model).
+
+    Three 3x3 conv-BN-ReLU layers (``w``, ``2w`` at stride 2, ``2w``), no
+    convolution biases, global average pooling, one fully connected layer.
+    """
+    import torch
+    from torch import nn
+    torch.manual_seed(seed)
+    layers, cin = [], in_channels
+    for cout, stride in ((width, 1), (2 * width, 2), (2 * width, 1)):
+        layers += [nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                   nn.BatchNorm2d(cout, eps=1e-5, momentum=0.1), nn.ReLU()]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, n_classes)]
+    return nn.Sequential(*layers)
+
+
+def build_model(model_spec, n_classes=10, seed=0):
+    """The PyTorch twin of a :data:`.compare.MODEL_SPECS` entry."""
+    shape = model_spec['input_shape']
+    if model_spec['kind'] == 'cifar_resnet':
+        return build_resnet(model_spec['depth'], model_spec['width'], n_classes, shape[0], seed)
+    if model_spec['kind'] == 'digits_cnn':
+        return build_digits_cnn(model_spec['width'], n_classes, shape[0], seed)
+    raise ValueError('no PyTorch twin for model kind %r' % (model_spec['kind'],))
+
+
+def count_params(model):
+    """Trainable scalars of a ``torch.nn.Module``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _rank_and_size():
+    """This process's rank and the world size, from the launcher's variables."""
+    for r, s in (('PMI_RANK', 'PMI_SIZE'), ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
+                 ('RANK', 'WORLD_SIZE')):
+        if r in os.environ and s in os.environ:
+            return int(os.environ[r]), int(os.environ[s])
+    raise RuntimeError('no rank in the environment: start this with mpiexec '
+                       '(theanompi-ext bench compare does)')
+
+
+def measure(spec):
+    """Time the DDP modes on this rank (collective over the gloo group).
+
+    Returns, on every rank, ``{mode: [per-step seconds on the slower rank]}``
+    plus ``grad_bytes`` and ``params``.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from .compare import time_modes
+
+    rank, size = _rank_and_size()
+    threads = int(spec['threads'])
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:
+        pass   # only allowed before any parallel work; harmless if refused
+    os.environ.setdefault('MASTER_ADDR', '127.0.0.1')
+    os.environ['MASTER_PORT'] = str(spec['port'])
+    # Stay on the loopback: in the rate-limited namespace it is the
+    # emulated network; outside it gloo would otherwise pick eth0.
+    os.environ.setdefault('GLOO_SOCKET_IFNAME', 'lo')
+    dist.init_process_group('gloo', rank=rank, world_size=size)
+    try:
+        shape = tuple(spec['model_spec']['input_shape'])
+        net = build_model(spec['model_spec'], spec['n_classes'], seed=0)
+        # Buffers (BN running statistics) stay per rank, as in the project;
+        # broadcasting them every forward would add communication it lacks.
+        # (torch 2.13 renamed the option; older releases know only the old name.)
+        import inspect
+        no_buffer_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
+                          inspect.signature(DistributedDataParallel.__init__).parameters
+                          else {'broadcast_buffers': False})
+        ddp = DistributedDataParallel(net, bucket_cap_mb=spec['ddp_bucket_cap_mb'],
+                                      **no_buffer_sync)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.001, momentum=0.9, weight_decay=1e-4)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn((spec['batch'],) + shape, generator=g)
+        y = torch.randint(0, spec['n_classes'], (spec['batch'],), generator=g)
+        params = [p for p in ddp.parameters() if p.requires_grad]
+        flat = torch.zeros(sum(p.numel() for p in params))
+        zeros = torch.zeros_like(flat)
+
+        def fwd_bwd():
+            opt.zero_grad(set_to_none=False)
+            loss_fn(ddp(x), y).backward()
+
+        def compute():
+            with ddp.no_sync():
+                fwd_bwd()
+            opt.step()
+
+        def serial():
+            with ddp.no_sync():
+                fwd_bwd()
+            # The same bytes as DDP's buckets, summed only after backward.
+            torch.cat([p.grad.reshape(-1) for p in params], out=flat)
+            dist.all_reduce(flat)
+            flat.div_(size)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+            opt.step()
+
+        def full():
+            fwd_bwd()
+            opt.step()
+
+        run = {'compute': compute, 'serial': serial, 'full': full,
+               'allreduce': lambda: dist.all_reduce(zeros)}
+        local = time_modes(run, MODES, spec['steps'], spec['reps'], dist.barrier,
+                           warmup=spec['warmup'])
+        out = {}
+        for mode in MODES:
+            t = torch.tensor(local[mode], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)      # the slower rank
+            out[mode] = [float(v) for v in t]
+        out['grad_bytes'] = 4 * int(flat.numel())
+        out['params'] = count_params(net)
+        out['torch'] = torch.__version__
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    """Entry point of each rank: ``python -m theanompi_ext.bench.ddp_worker SPEC.json``."""
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    rank, size = _rank_and_size()
+    try:
+        res = measure(spec)
+    except BaseException as exc:   # noqa: B902 - report the rank, let mpiexec stop the rest
+        sys.stderr.write('theanompi-ext bench compare (ddp): rank %d of %d failed: %s: %s\n'
+                         % (rank, size, type(exc).__name__, exc))
+        sys.stderr.flush()
+        return 3
+    if rank == 0:
+        with open(spec['out'], 'w') as f:
+            json.dump(res, f)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""``theanompi-ext bench overlap``: what overlapping the exchange with backprop buys.
+
+The command (run outside MPI) starts ``mpiexec -n K`` itself, once per
+network setting. Every rank builds the same model twice, one trainer per
+exchanger (``exch_strategy='ar'`` and ``'ar-overlap'``), on synthetic data
+((3, 32, 32), batch 32 per rank), and times blocks of steps of each mode,
+alternating the modes over several repetitions:
+
+``compute``          forward + monolithic backward + update; no communication
+``compute_chunked``  the same with the chunked backward (its overhead)
+``serial``           a training step with the serial exchanger
+``overlap``          a training step with the overlapped exchanger
+``allreduce``        the serial exchanger's bucket allreduces alone (the
+                     same bytes, no compute)
+
+Reported (medians over steps; the slower rank): the five times, the
+*exposed communication* of the overlapped step (from its timeline: the
+wait after the last backward chunk), the *hidden fraction*
+``(serial - overlap) / (serial - compute)`` (the share of the exchange's
+cost the overlap removed; undefined when communication costs nothing
+measurable), and ``extra_bytes``: bytes the exchanger allocates beyond the
+gradient vector (its buckets are views of it).
+
+Networks
+--------
+``shm``          ranks on this machine, MPI over shared memory (default).
+``tbf:RATE``     e.g. ``tbf:200mbit``: the ranks run inside a fresh network
+                 namespace whose loopback is rate-limited by the ``tbf``
+                 queueing discipline, and MPICH is forced onto TCP
+                 (``MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi
+                 FI_PROVIDER=tcp``), emulating a network that moves bytes
+                 without the CPU. Needs root and ``ip``/``tc`` (iproute2);
+                 the namespace is deleted afterwards, also on failure.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
+DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
+TCP_ENV = {'MPIR_CVAR_NOLOCAL': '1', 'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp'}
+JSON_KEYS = ('model', 'network', 'compute_s', 'serial_s', 'overlap_s', 'allreduce_s',
+             'exposed_comm_s', 'hidden_fraction', 'extra_bytes')
+
+
+# -- the command --------------------------------------------------------------
+
+def register(sub):
+    """Add ``bench overlap`` to the ``bench`` sub-parsers."""
+    p = sub.add_parser('overlap', help='serial vs overlapped exchange at 2 ranks (starts mpiexec)',
+                       description=__doc__.split('\n\n')[0])
+    p.add_argument('--models', default=','.join(DEFAULT_MODELS),
+                   help='comma-separated model names (default %(default)s)')
+    p.add_argument('--network', action='append', default=None, metavar='NET',
+                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:200mbit (needs root); repeatable")
+    p.add_argument('--workers', type=int, default=2, help='ranks (default 2)')
+    p.add_argument('--steps', type=int, default=4, help='timed steps per block (default 4)')
+    p.add_argument('--reps', type=int, default=3,
+                   help='repetitions of the alternating blocks (default 3)')
+    p.add_argument('--batch', type=int, default=32, help='examples per rank (default 32)')
+    p.add_argument('--bucket-cap-mb', type=float, default=None, help='bucket cap (MB)')
+    p.add_argument('--first-bucket-cap-mb', type=float, default=None, help='first bucket cap (MB)')
+    p.add_argument('--comm-thread', default=None, metavar='POLICY',
+                   help="scheduling of the communication thread: 'normal', 'nice:N' or "
+                        "'idle' (SCHED_IDLE); default: the MPI backend's default")
+    p.add_argument('--mpi-env', action='append', default=[], metavar='KEY=VALUE',
+                   help='extra environment for the ranks (e.g. MPICH CVARs); repeatable')
+    p.add_argument('--max-chunks', type=int, default=None,
+                   help='merge the backward into at most this many chunks')
+    p.add_argument('--quick', action='store_true',
+                   help='tiny model (digits_cnn on 8x8 inputs), 2 steps x 2 repetitions')
+    p.add_argument('--timeline', default='', metavar='PREFIX',
+                   help='write Chrome traces (+PNG) of the measured steps to PREFIX-*.json')
+    p.add_argument('--json', default='', metavar='FILE', help='write the results to FILE')
+    p.add_argument('--timeout', type=float, default=3600.0,
+                   help='seconds before a setting is stopped (default %(default)s)')
+    p.set_defaults(func=main)
+
+
+def main(args):
+    """Run every network setting, print the table, write --json."""
+    try:
+        spec = make_spec(args)
+        networks = [parse_network(n) for n in (args.network or ['shm'])]
+    except ValueError as exc:
+        sys.stderr.write('theanompi-ext bench overlap: error: %s\n' % exc)
+        return 2
+    results, status = [], 0
+    for net in networks:
+        try:
+            rows = run_setting(spec, net, args.workers, args.mpi_env, args.timeout)
+        except (NetworkSetupError, RuntimeError) as exc:
+            sys.stderr.write('theanompi-ext bench overlap: %s: %s\n' % (format_network(net), exc))
+            status = 1
+            continue
+        results.extend(rows)
+        print(format_table(rows))
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=1)
+    return status
+
+
+def make_spec(args):
+    """The per-rank measurement settings (a JSON-able dict)."""
+    if args.workers < 2:
+        raise ValueError('--workers must be >= 2 (there is nothing to exchange with one rank)')
+    if args.steps < 1 or args.reps < 1:
+        raise ValueError('--steps and --reps must be >= 1')
+    nice, idle = parse_comm_thread(args.comm_thread)
+    quick = bool(args.quick)
+    models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
+        else [m for m in args.models.split(',') if m]
+    return dict(models=models, input_shape=[1, 8, 8] if quick else [3, 32, 32],
+                batch=args.batch, steps=2 if quick else args.steps,
+                reps=2 if quick else args.reps, bucket_cap_mb=args.bucket_cap_mb,
+                first_bucket_cap_mb=args.first_bucket_cap_mb, thread_nice=nice,
+                thread_idle=idle, comm_thread=args.comm_thread or 'default',
+                max_chunks=args.max_chunks, timeline=args.timeline)
+
+
+def parse_comm_thread(text):
+    """'normal' | 'nice:N' | 'idle' | None -> (thread_nice, thread_idle); None = default."""
+    if text is None:
+        return None, None
+    if text == 'normal':
+        return 0, False
+    if text == 'idle':
+        return 0, True
+    m = re.fullmatch(r'nice:(\d+)', text)
+    if m and 0 <= int(m.group(1)) <= 19:
+        return int(m.group(1)), False
+    raise ValueError("--comm-thread must be 'normal', 'nice:N' (0..19) or 'idle', got %r" % text)
+
+
+def parse_network(text):
+    """'shm' -> ('shm', None); 'tbf:200mbit' -> ('tbf', '200mbit')."""
+    if text == 'shm':
+        return ('shm', None)
+    kind, _, rate = text.partition(':')
+    if kind == 'tbf' and re.fullmatch(r'\d+(\.\d+)?([kmg]?bit|[kmg]?bps)', rate or ''):
+        return ('tbf', rate)
+    raise ValueError("unknown network %r: use 'shm' or 'tbf:RATE' (e.g. tbf:200mbit)" % text)
+
+
+def format_network(net):
+    """The inverse of :func:`parse_network`."""
+    return net[0] if net[1] is None else '%s:%s' % net
+
+
+def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
+    """Start the ranks for one network setting; return their result rows."""
+    from ..launch import mpiexec_command, run_mpiexec
+    from ..launch.mpiexec import child_env
+    env = child_env()
+    for item in mpi_env:
+        key, sep, value = item.partition('=')
+        if not sep or not key:
+            raise RuntimeError('--mpi-env wants KEY=VALUE, got %r' % item)
+        env[key] = value
+    with tempfile.TemporaryDirectory(prefix='bench-overlap-') as tmp:
+        spec = dict(spec, out=os.path.join(tmp, 'results.json'), network=format_network(net))
+        if spec['timeline']:
+            spec['timeline'] = '%s-%s' % (spec['timeline'], re.sub(r'\W', '', spec['network']))
+        spec_path = os.path.join(tmp, 'spec.json')
+        with open(spec_path, 'w') as f:
+            json.dump(spec, f)
+        cmd = mpiexec_command(workers, [sys.executable, '-u', '-m', 'theanompi_ext.bench.overlap',
+                                        spec_path])
+        if net[0] == 'shm':
+            status = run_mpiexec(cmd, env=env, timeout=timeout)
+        else:
+            for k, v in TCP_ENV.items():
+                env.setdefault(k, v)
+            with RateLimitedNamespace(net[1]) as ns:
+                status = run_mpiexec(ns.wrap(cmd), env=env, timeout=timeout)
+        if status != 0:
+            raise RuntimeError('the ranks failed (exit status %d)' % status)
+        with open(spec['out']) as f:
+            return json.load(f)
+
+
+# -- the rate-limited network namespace -----------------------------------------
+
+class NetworkSetupError(RuntimeError):
+    """The emulated network cannot be set up here (and why)."""
+
+
+def netns_problem():
+    """Why a rate-limited namespace cannot be made here, or None."""
+    if not hasattr(os, 'geteuid') or os.geteuid() != 0:
+        return 'the tbf network mode needs root (it creates a network namespace)'
+    missing = [t for t in ('ip', 'tc') if shutil.which(t) is None]
+    if missing:
+        return ('%s not found: install iproute2 (apt-get install iproute2)'
+                % ' and '.join(missing))
+    return None
+
+
+class RateLimitedNamespace(object):
+    """A fresh network namespace whose loopback is limited to ``rate`` by tbf.
+
+    ``with RateLimitedNamespace('200mbit') as ns: run(ns.wrap(cmd))``; the
+    namespace is deleted on leaving the block, whatever happened in it.
+    """
+
+    def __init__(self, rate, burst='256kb', latency='50ms'):
+        self.rate, self.burst, self.latency = rate, burst, latency
+        self.name = 'tmxbench%d' % os.getpid()
+
+    def __enter__(self):
+        problem = netns_problem()
+        if problem:
+            raise NetworkSetupError(problem)
+        self._ip('netns', 'add', self.name)
+        try:
+            self._ip('netns', 'exec', self.name, 'ip', 'link', 'set', 'lo', 'up')
+            self._ip('netns', 'exec', self.name, 'tc', 'qdisc', 'add', 'dev', 'lo', 'root',
+                     'tbf', 'rate', self.rate, 'burst', self.burst, 'latency', self.latency)
+        except NetworkSetupError:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def wrap(self, cmd):
+        """``cmd`` run inside the namespace (the environment passes through)."""
+        return ['ip', 'netns', 'exec', self.name] + list(cmd)
+
+    def __exit__(self, *exc):
+        subprocess.run(['ip', 'netns', 'del', self.name], capture_output=True)
+        return False
+
+    @staticmethod
+    def _ip(*argv):
+        res = subprocess.run(('ip',) + argv, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise NetworkSetupError('`ip %s` failed: %s' % (' '.join(argv),
+                                                            res.stderr.strip()))
+
+
+# -- the table ------------------------------------------------------------------
+
+def format_table(rows):
+    """One line per model: times in ms, fractions, bytes."""
+    head = ('model', 'network', 'compute', 'chunked', 'serial', 'overlap', 'allreduce',
+            'exposed', 'hidden', 'extra B')
+    lines = ['%-14s %-13s %9s %9s %9s %9s %9s %9s %7s %8s' % head,
+             '%-14s %-13s %9s %9s %9s %9s %9s %9s %7s %8s' % (
+                 '', '', 'ms', 'ms', 'ms', 'ms', 'ms', 'ms', '', '')]
+    for r in rows:
+        hf = r['hidden_fraction']
+        lines.append('%-14s %-13s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7s %8d' % (
+            r['model'], r['network'], 1e3 * r['compute_s'], 1e3 * r['compute_chunked_s'],
+            1e3 * r['serial_s'], 1e3 * r['overlap_s'], 1e3 * r['allreduce_s'],
+            1e3 * r['exposed_comm_s'], 'n/a' if hf is None else '%.2f' % hf, r['extra_bytes']))
+    if rows:
+        r = rows[0]
+        lines.append('(%d ranks, batch %d/rank, medians of %d x %d steps per mode; comm thread %s; '
+                     'chunked = compute with the chunked backward)' % (
+                         r['workers'], r['batch'], r['reps'], r['steps'], r['comm_thread']))
+    return '\n'.join(lines)
+
+
+def hidden_fraction(compute, serial, overlap):
+    """(serial - overlap) / (serial - compute); None when the exchange costs nothing measurable."""
+    cost = serial - compute
+    if cost <= 0.01 * compute:
+        return None
+    return (serial - overlap) / cost
+
+
+# -- inside each rank -------------------------------------------------------------
+
+def synthetic_dataset(shape, n_examples, n_classes=10, seed=0):
+    """Random normal images and random labels (the bench needs no data set)."""
+    from ..data.digits import ArrayDataset
+    rng = np.random.RandomState(seed)
+    x = rng.standard_normal((n_examples,) + tuple(shape)).astype(np.float32)
+    y = rng.randint(0, n_classes, n_examples).astype(np.int32)
+    return ArrayDataset('synthetic', x, y, x[:n_examples // 4], y[:n_examples // 4], n_classes)
+
+
+def compute_step(trainer, x, y, lr):
+    """Forward + backward + update of ``trainer``, without any exchange."""
+    trainer.backward.run(x, y, trainer.grads, trainer.layout)
+    trainer.rule.optimizer.step(trainer.params.values, trainer.grads, lr)
+    trainer.params.push()
+
+
+def measure_model(comm, name, spec):
+    """Time the modes for model ``name`` on this rank; returns the rank-0 row (all ranks)."""
+    from ..model import build_model
+    from ..train.config import TrainConfig
+    from ..train.trainer import Trainer
+    from ..exchange.timeline import Timeline
+    shape, n, k = tuple(spec['input_shape']), spec['batch'], comm.size
+    data = synthetic_dataset(shape, 4 * n * k)
+    opts = dict(model=name, batch_per_worker=n, epochs=1, warmup='none', base_lr=0.01,
+                quiet=True, checkpoint=False)
+    for key in ('bucket_cap_mb', 'first_bucket_cap_mb'):
+        if spec.get(key):
+            opts[key] = spec[key]
+    trainers = {}
+    for strategy in ('ar', 'ar-overlap'):
+        net = build_model(name, shape, data.n_classes, seed=0)
+        trainers[strategy] = Trainer(net, data, TrainConfig(exch_strategy=strategy, **opts),
+                                     comm, log=lambda *a, **kw: None)
+    serial, overlap = trainers['ar'], trainers['ar-overlap']
+    if spec.get('max_chunks'):
+        from ..backward.chunked import ChunkedBackward
+        from ..train.trainer import compile_in_turn
+        overlap.backward = compile_in_turn(comm, lambda: ChunkedBackward(
+            overlap.net, overlap.params.vars, 1.0 / overlap.total_batch,
+            max_chunks=spec['max_chunks']))
+    x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
+    lr = np.float32(0.001)
+    zeros = np.zeros_like(serial.grads)
+    run = {
+        'compute': lambda: compute_step(serial, x, y, lr),
+        'compute_chunked': lambda: compute_step(overlap, x, y, lr),
+        'serial': lambda: serial.step(x, y),
+        'overlap': lambda: overlap.step(x, y),
+        'allreduce': lambda: serial.exchanger.reduce(zeros),
+    }
+    for mode in MODES:          # warm-up: first calls allocate and fault pages
+        comm.barrier()
+        run[mode]()
+    serial.timeline, overlap.timeline = Timeline(comm.rank), Timeline(comm.rank)
+    times = {m: [] for m in MODES}
+    cpu = {m: [0.0, 0.0] for m in MODES}
+    for rep in range(spec['reps']):
+        order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
+        for mode in order:
+            comm.barrier()
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(spec['steps']):
+                t0 = time.perf_counter()
+                run[mode]()
+                times[mode].append(time.perf_counter() - t0)
+            cpu[mode][0] += time.process_time() - c0
+            cpu[mode][1] += time.perf_counter() - w0
+    grads = overlap.grads
+    extra = sum(h.buf.nbytes for h in overlap.exchanger.last_handles
+                if not np.shares_memory(h.buf, grads))
+    mine = dict((m + '_s', float(np.median(times[m]))) for m in MODES)
+    mine['exposed_comm_s'] = float(np.median(overlap.timeline.exposed_comm()))
+    mine['serial_exposed_comm_s'] = float(np.median(serial.timeline.exposed_comm()))
+    mine.update(('cpu_per_wall_' + m, cpu[m][0] / max(cpu[m][1], 1e-9)) for m in MODES)
+    everyone = comm.allgather(json.dumps(mine))
+    if spec.get('timeline'):
+        for label, tr in (('serial', serial), ('overlap', overlap)):
+            tr.timeline.save('%s-%s-%s' % (spec['timeline'], name, label), comm)
+    saved = _saved_bytes(overlap.backward, x, y)
+    ranks = [json.loads(e) for e in everyone]
+    row = {key: max(r[key] for r in ranks) for key in mine}   # the slower rank
+    row.update(model=name, network=spec['network'], extra_bytes=int(extra),
+               hidden_fraction=hidden_fraction(row['compute_s'], row['serial_s'],
+                                               row['overlap_s']),
+               chunk_overhead=row['compute_chunked_s'] / row['compute_s'] - 1.0,
+               grad_bytes=4 * int(serial.n_exch), n_buckets=len(serial.buckets),
+               n_chunks=overlap.backward.n_chunks, chunk_saved_bytes=saved,
+               workers=k, batch=n, steps=spec['steps'], reps=spec['reps'],
+               comm_thread=spec['comm_thread'], bucket_cap_mb=serial.cfg.bucket_cap_mb,
+               first_bucket_cap_mb=serial.cfg.first_bucket_cap_mb)
+    return row
+
+
+def _saved_bytes(backward, x, y):
+    """Bytes of forward intermediates the chunked backward carries to its chunks."""
+    out = backward.forward_fn(x, y)
+    return int(sum(np.asarray(v).nbytes for v in out[2:]))
+
+
+def _measure_all(spec):
+    from ..collective.mpi import MPICommunicator
+    comm = MPICommunicator(thread_nice=spec['thread_nice'], thread_idle=spec['thread_idle'])
+    try:
+        # Trainers wrap their communicator in the step watchdog; wrapping it
+        # once here lets every trainer share one watchdog thread.
+        from ..collective.watchdog import watch
+        comm = watch(comm)
+    except ImportError:
+        pass
+    rows = [measure_model(comm, name, spec) for name in spec['models']]
+    if comm.rank == 0:
+        with open(spec['out'], 'w') as f:
+            json.dump(rows, f)
+    comm.barrier()
+    comm.close()
+
+
+def worker_main(spec_path):
+    """Entry point of each rank: ``python -m theanompi_ext.bench.overlap SPEC.json``."""
+    from ..train.worker import guarded
+    with open(spec_path) as f:
+        spec = json.load(f)
+    return guarded(lambda: _measure_all(spec))
+
+
+if __name__ == '__main__':
+    sys.exit(worker_main(sys.argv[1]))
