@@ -103,6 +103,7 @@ def test_rows_and_targets():
                 buckets=1, chunks=2, ranks=2)
     ddp = dict(compute=[0.5, 0.5], serial=[1.0, 1.0], full=[0.9, 0.9], allreduce=[0.4, 0.4],
                grad_bytes=8, params=2, torch='x')
+    # identical steps: no noise
     spec = dict(batch=32, threads=1, ddp_bucket_cap_mb=25.0)
     rows = compare.summarize('m', 'shm', spec, [ours], [ddp])
     by = {r['system']: r for r in rows}
@@ -114,10 +115,17 @@ def test_rows_and_targets():
     assert dd['hidden_fraction'] == pytest.approx(0.2)
     text = compare.targets(rows)
     assert 'overhead +40.0% vs +80.0%: met' in text and '0.60 vs 0.20: met' in text
+    assert ov['comm_overhead_err'] == 0 and ov['times_s']['step'] == [1.4, 1.4]
     # communication too small to measure: no hidden fraction
-    row = compare.make_row('s', 'm', 'shm', 1.0, 1.001, 1.002)
+    row = compare.make_row('s', 'm', 'shm', [1.0], [1.001], [1.002])
     assert row['hidden_fraction'] is None
     assert 'n/a' in compare.format_table([row])
+    # ... or within the noise of the steps
+    noisy = compare.make_row('s', 'm', 'shm', [0.8, 1.0, 1.2], [1.0, 1.05, 1.1],
+                             [0.85, 1.05, 1.25])
+    assert noisy['compute_err_s'] > 0.05 and noisy['hidden_fraction'] is None
+    med, err = compare.median_and_error([1.0, 1.0, 1.0, 9.0])
+    assert med == 1.0 and err == 0.0        # one stalled step does not count
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')

@@ -6,10 +6,7 @@ Every rank sums the same float32 buffer in place, for each size, three ways:
 ``ours``      :meth:`MPICommunicator.allreduce` (the blocking path)
 ``started``   :meth:`MPICommunicator.start_allreduce` then ``Handle.wait``
               (the path the exchangers use: a background thread parked in
-              a blocking ``Allreduce`` on a duplicated communicator; a wait
-              that finds the transfer not yet begun runs it itself)
-``thread``    the same with ``run_in_wait = False``: every transfer handed
-              to the thread (two thread wake-ups per call), for comparison
+              a blocking ``Allreduce`` on a duplicated communicator)
 
 A *block* repeats one method ``iters`` times after a barrier (``iters`` is
 chosen once per size, the same on every rank, so that a block lasts about
@@ -33,8 +30,7 @@ import time
 
 import numpy as np
 
-METHODS = ('raw', 'ours', 'started', 'thread')
-TARGET_METHODS = ('ours', 'started')     # the paths the exchangers use
+METHODS = ('raw', 'ours', 'started')
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(8))       # 4 KB .. 64 MB
 QUICK_SIZES = (4096, 65536, 1 << 20)
 TARGET_RATIO = 0.95
@@ -170,20 +166,20 @@ def format_size(n):
 def format_table(res):
     """Times (us), bus bandwidth (GB/s) and raw/ours ratios, one line per size."""
     lines = ['allreduce, %d ranks, %s, %s' % (res['ranks'], res['network'], res['mpi']),
-             '%8s %9s %9s %9s %9s %7s %7s %9s %9s %9s' % (
-                 'size', 'raw us', 'ours us', 'start us', 'thread us', 'raw', 'ours',
-                 'raw/ours', 'raw/start', 'raw/thrd'),
-             '%8s %9s %9s %9s %9s %7s %7s %9s %9s %9s' % (
-                 '', '', '', '', '', 'GB/s', 'GB/s', '', '', '')]
+             '%8s %10s %10s %10s %8s %8s %8s %9s %9s' % (
+                 'size', 'raw us', 'ours us', 'start us', 'raw', 'ours', 'start',
+                 'raw/ours', 'raw/start'),
+             '%8s %10s %10s %10s %8s %8s %8s %9s %9s' % (
+                 '', '', '', '', 'GB/s', 'GB/s', 'GB/s', '', '')]
     below = []
     for r in res['rows']:
-        lines.append('%8s %9.1f %9.1f %9.1f %9.1f %7.2f %7.2f %9.3f %9.3f %9.3f' % (
+        lines.append('%8s %10.1f %10.1f %10.1f %8.2f %8.2f %8.2f %9.3f %9.3f' % (
             format_size(r['bytes']), 1e6 * r['raw_s'], 1e6 * r['ours_s'], 1e6 * r['started_s'],
-            1e6 * r['thread_s'], r['raw_busbw_GBps'], r['ours_busbw_GBps'],
-            r['ratio_ours'], r['ratio_started'], r['ratio_thread']))
+            r['raw_busbw_GBps'], r['ours_busbw_GBps'], r['started_busbw_GBps'],
+            r['ratio_ours'], r['ratio_started']))
         if r['bytes'] >= TARGET_FROM_BYTES:
             below += ['%s %s %.3f' % (format_size(r['bytes']), m, r['ratio_' + m])
-                      for m in TARGET_METHODS if r['ratio_' + m] < TARGET_RATIO]
+                      for m in METHODS[1:] if r['ratio_' + m] < TARGET_RATIO]
     lines.append('(median of %d alternating blocks per size; time per call on the slower rank; '
                  'target raw/ours and raw/start >= %.2f from %s: %s)' % (
                      res['reps'], TARGET_RATIO, format_size(TARGET_FROM_BYTES),
@@ -208,8 +204,6 @@ def measure(spec, raw_comm=None):
     from ..collective.mpi import MPICommunicator, library_version
     comm = raw_comm if raw_comm is not None else MPI.COMM_WORLD
     ours = MPICommunicator(comm)
-    handoff = MPICommunicator(comm)
-    handoff.run_in_wait = False
     p = comm.Get_size()
     rows = []
     try:
@@ -221,7 +215,6 @@ def measure(spec, raw_comm=None):
                 'raw': lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
                 'ours': lambda: ours.allreduce(buf),
                 'started': lambda: ours.start_allreduce(buf).wait(),
-                'thread': lambda: handoff.start_allreduce(buf).wait(),
             }
             for m in METHODS:        # warm-up: connections, pages, the thread
                 calls[m]()
@@ -248,7 +241,6 @@ def measure(spec, raw_comm=None):
             rows.append(row)
     finally:
         ours.close()
-        handoff.close()
     return dict(benchmark='allreduce', ranks=p, network=spec.get('network', 'shm'),
                 mpi=library_version(), reps=spec['reps'], rows=rows)
 

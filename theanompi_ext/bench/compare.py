@@ -32,8 +32,10 @@ and from them ``comm_overhead = step_s / compute_s - 1`` and
 ``hidden_fraction = (serial_s - step_s) / (serial_s - compute_s)``: the share
 of the non-overlapped exchange's cost that the system's step does not pay
 (0 for a serial exchanger; ``null`` when that cost is under 1% of the
-compute step, where the ratio is noise). The definitions are the same for
-both projects; ``docs/performance.md`` has the figures.
+compute step or under twice its standard error, where the ratio is noise).
+The definitions are the same for both projects; every median comes with a
+standard error (``*_err_s``, ``comm_overhead_err``) and the per-step times
+(``times_s``). ``docs/performance.md`` has the figures.
 
 Alternation: each (network, model) setting launches ``--launches`` pairs of
 jobs, ours then DDP, then DDP then ours, ...; inside a job the modes run in
@@ -45,6 +47,7 @@ the loopback) and ``tbf:RATE`` (both in a network namespace whose loopback
 is rate-limited, MPI forced onto TCP; needs root, see :mod:`.overlap`).
 """
 import json
+import os
 import socket
 import sys
 import time
@@ -124,8 +127,7 @@ def main(args):
     for net in networks:
         for model in spec['models']:
             try:
-                got = run_setting(spec, model, net, args.ranks, ddp, args.launches,
-                                  args.timeout)
+                got = run_setting(spec, model, net, args.ranks, ddp, args.timeout)
             except NetworkSetupError as exc:
                 say('theanompi-ext bench compare: network %s cannot be emulated here (%s): '
                     'SKIPPED\n' % (format_network(net), exc))
@@ -138,9 +140,12 @@ def main(args):
             rows.extend(got)
             print(format_table(got))
             sys.stdout.flush()
-    if args.json:
+            if args.json:   # after every setting: a long run keeps what it measured
+                with open(args.json, 'w') as f:
+                    json.dump(rows, f, indent=1)
+    if args.json and not rows:
         with open(args.json, 'w') as f:
-            json.dump(rows, f, indent=1)
+            json.dump(rows, f)
     return status
 
 
@@ -159,25 +164,25 @@ def make_spec(args):
     for m in models:
         if m not in MODEL_SPECS:
             raise ValueError('unknown model %r; choose from %s' % (m, sorted(MODEL_SPECS)))
-    if quick:
-        args.launches = 1
     return dict(models=models, batch=8 if quick and args.batch == 32 else args.batch,
                 threads=args.threads, steps=2 if quick else args.steps,
                 reps=2 if quick else args.reps, warmup=1 if quick else args.warmup,
+                launches=1 if quick else args.launches,
                 n_classes=10, ddp_bucket_cap_mb=args.ddp_bucket_cap_mb)
 
 
-def run_setting(spec, model, net, ranks, ddp, launches, timeout):
+def run_setting(spec, model, net, ranks, ddp, timeout):
     """All jobs of one (network, model) setting; returns its result rows."""
     from .allreduce import run_ranks
     spec = dict(spec, model=model, model_spec=MODEL_SPECS[model])
     ours, theirs = [], []
+    load_before = os.getloadavg()[0]
     # The same compute threads for both projects, whatever the caller's
     # environment says (Theano's BLAS reads these; PyTorch gets the count
     # through the spec).
     threads = {v: str(spec['threads'])
                for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')}
-    for launch in range(launches):
+    for launch in range(spec['launches']):
         # Alternate which project goes first, so drifting load hits both.
         jobs = ['ours', 'ddp'] if launch % 2 == 0 else ['ddp', 'ours']
         for job in jobs:
@@ -189,7 +194,12 @@ def run_setting(spec, model, net, ranks, ddp, launches, timeout):
                                         dict(spec, port=free_port()), net, ranks, timeout,
                                         threads))
     from .overlap import format_network
-    return summarize(model, format_network(net), spec, ours, theirs)
+    rows = summarize(model, format_network(net), spec, ours, theirs)
+    # The machine may be shared: say how busy it was around the measurement.
+    for r in rows:
+        r.update(load_before=load_before, load_after=os.getloadavg()[0],
+                 launches=spec['launches'], steps=spec['steps'], reps=spec['reps'])
+    return rows
 
 
 def free_port():
@@ -201,19 +211,51 @@ def free_port():
 
 # -- numbers -------------------------------------------------------------------------
 
-def _median(results, mode):
-    vals = [v for r in results for v in r[mode]]
-    return float(np.median(vals)), len(vals)
+def median_and_error(values):
+    """Median of ``values`` and an estimate of its standard error.
+
+    The error is 1.2533 sigma / sqrt(n), the median's standard error for
+    normal data, with sigma = 1.4826 MAD (a robust standard deviation), so
+    that a few steps stalled by another job on a shared machine do not
+    inflate it.
+    """
+    v = np.asarray(values, float)
+    med = float(np.median(v))
+    sigma = 1.4826 * float(np.median(np.abs(v - med)))
+    return med, 1.2533 * sigma / np.sqrt(len(v))
+
+
+def hidden_fraction(compute, serial, step, noise=0.0):
+    """``(serial - step) / (serial - compute)``, or None when the exchange's
+    cost ``serial - compute`` is under 1% of the compute step or under twice
+    the measurement noise (the ratio would be noise)."""
+    cost = serial - compute
+    if cost <= max(0.01 * compute, 2.0 * noise):
+        return None
+    return (serial - step) / cost
 
 
 def make_row(system, model, network, compute, step, serial, **extra):
-    """One result object with the derived ratios (see the module docstring)."""
-    from .overlap import hidden_fraction
-    row = dict(system=system, model=model, network=network, compute_s=compute, step_s=step,
-               comm_overhead=step / compute - 1.0,
-               hidden_fraction=hidden_fraction(compute, serial, step), serial_s=serial)
+    """One result object with the derived ratios (see the module docstring).
+
+    ``compute``, ``step`` and ``serial`` are lists of per-step seconds; the
+    row holds their medians (``*_s``), the medians' standard errors
+    (``*_err_s``) and the per-step times themselves (``times_s``).
+    """
+    (c, ec), (t, et), (s, es) = [median_and_error(v) for v in (compute, step, serial)]
+    noise = float(np.hypot(ec, es))
+    row = dict(system=system, model=model, network=network, compute_s=c, step_s=t,
+               comm_overhead=t / c - 1.0, hidden_fraction=hidden_fraction(c, s, t, noise),
+               serial_s=s, compute_err_s=ec, step_err_s=et, serial_err_s=es,
+               comm_cost_s=s - c,
+               comm_overhead_err=float(np.hypot(et / c, t * ec / c ** 2)),
+               times_s=dict(compute=list(compute), step=list(step), serial=list(serial)))
     row.update(extra)
     return row
+
+
+def _all(results, mode):
+    return [v for r in results for v in r[mode]]
 
 
 def summarize(model, network, spec, ours, theirs):
@@ -221,22 +263,23 @@ def summarize(model, network, spec, ours, theirs):
     rows = []
     common = dict(batch=spec['batch'], ranks=None, threads=spec['threads'])
     if ours:
-        med = {m: _median(ours, m) for m in OURS_MODES}
-        c, s = med['compute'][0], med['serial'][0]
+        t = {m: _all(ours, m) for m in OURS_MODES}
         extra = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
-                     params=ours[0]['params'], allreduce_s=med['allreduce'][0],
-                     compute_chunked_s=med['compute_chunked'][0],
-                     steps_measured=med['overlap'][1], buckets=ours[0]['buckets'],
+                     params=ours[0]['params'], allreduce_s=float(np.median(t['allreduce'])),
+                     compute_chunked_s=float(np.median(t['compute_chunked'])),
+                     steps_measured=len(t['overlap']), buckets=ours[0]['buckets'],
                      chunks=ours[0]['chunks'])
-        rows.append(make_row(SYSTEMS[0], model, network, c, med['overlap'][0], s, **extra))
-        rows.append(make_row(SYSTEMS[1], model, network, c, s, s, **extra))
+        rows.append(make_row(SYSTEMS[0], model, network, t['compute'], t['overlap'],
+                             t['serial'], **extra))
+        rows.append(make_row(SYSTEMS[1], model, network, t['compute'], t['serial'],
+                             t['serial'], **extra))
     if theirs:
-        med = {m: _median(theirs, m) for m in ('compute', 'serial', 'full', 'allreduce')}
+        t = {m: _all(theirs, m) for m in ('compute', 'serial', 'full', 'allreduce')}
         rows.append(make_row(
-            SYSTEMS[2], model, network, med['compute'][0], med['full'][0], med['serial'][0],
+            SYSTEMS[2], model, network, t['compute'], t['full'], t['serial'],
             **dict(common, ranks=ours[0]['ranks'] if ours else None,
                    grad_bytes=theirs[0]['grad_bytes'], params=theirs[0]['params'],
-                   allreduce_s=med['allreduce'][0], steps_measured=med['full'][1],
+                   allreduce_s=float(np.median(t['allreduce'])), steps_measured=len(t['full']),
                    torch=theirs[0]['torch'], ddp_bucket_cap_mb=spec['ddp_bucket_cap_mb'])))
     return rows
 
@@ -245,21 +288,26 @@ def targets(rows):
     """The two targets against DDP for one setting, as text (or None without DDP).
 
     Ours (overlapped) must have a communication overhead no larger than
-    DDP's and a hidden fraction no smaller.
+    DDP's and a hidden fraction no smaller. A difference smaller than the
+    two figures' combined standard error is called "within noise".
     """
     by = {r['system']: r for r in rows}
     ours, ddp = by.get(SYSTEMS[0]), by.get(SYSTEMS[2])
     if not ours or not ddp:
         return None
-    oh = ours['comm_overhead'] <= ddp['comm_overhead']
+    d = ddp['comm_overhead'] - ours['comm_overhead']
+    err = float(np.hypot(ours['comm_overhead_err'], ddp['comm_overhead_err']))
+    oh = 'met' if d >= 0 else 'NOT met'
+    if abs(d) < err:
+        oh += ' (within noise, +-%.1f%%)' % (100 * err)
     a, b = ours['hidden_fraction'], ddp['hidden_fraction']
     if a is None or b is None:
-        hf = 'n/a (communication under 1% of compute)'
+        hf = 'n/a (an exchange cost within noise)'
     else:
         hf = 'met' if a >= b else 'NOT met'
     return ('targets vs DDP: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s' % (
-        100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], 'met' if oh else 'NOT met',
-        _fmt_frac(a), _fmt_frac(b), hf))
+        100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], oh, _fmt_frac(a),
+        _fmt_frac(b), hf))
 
 
 def _fmt_frac(v):
@@ -267,21 +315,21 @@ def _fmt_frac(v):
 
 
 def format_table(rows):
-    """One line per system: times in ms, overhead in %, hidden fraction."""
+    """One line per system: times in ms, overhead in % (+- its standard error), hidden fraction."""
     if not rows:
         return '(no results)'
     r0 = rows[0]
     lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients'
              % (r0['model'], r0['network'], r0.get('ranks'), r0.get('batch'), r0.get('threads'),
                 r0.get('grad_bytes', 0) / 1e6),
-             '%-26s %10s %10s %10s %10s %9s %7s' % ('system', 'compute ms', 'step ms',
-                                                   'serial ms', 'allred ms', 'overhead',
-                                                   'hidden')]
+             '%-26s %10s %10s %10s %10s %15s %7s' % ('system', 'compute ms', 'step ms',
+                                                    'serial ms', 'allred ms', 'overhead',
+                                                    'hidden')]
     for r in rows:
-        lines.append('%-26s %10.1f %10.1f %10.1f %10.1f %8.1f%% %7s' % (
+        lines.append('%-26s %10.1f %10.1f %10.1f %10.1f %7.1f%% +-%4.1f %7s' % (
             r['system'], 1e3 * r['compute_s'], 1e3 * r['step_s'], 1e3 * r['serial_s'],
             1e3 * r.get('allreduce_s', float('nan')), 100 * r['comm_overhead'],
-            _fmt_frac(r['hidden_fraction'])))
+            100 * r.get('comm_overhead_err', float('nan')), _fmt_frac(r['hidden_fraction'])))
     verdict = targets(rows)
     if verdict:
         lines.append(verdict)

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,9 @@ def main(args):
     except ValueError as exc:
         sys.stderr.write('theanompi-ext bench overlap: error: %s\n' % exc)
         return 2
+    # SIGTERM ends the command through SystemExit, so the ranks are stopped
+    # and a network namespace is deleted on the way out.
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     results, status = [], 0
     for net in networks:
         try:
@@ -156,9 +160,28 @@ def format_network(net):
     return net[0] if net[1] is None else '%s:%s' % net
 
 
+def run_ranks(cmd, env, timeout):
+    """Run the mpiexec ``cmd`` in its own process group; return its exit status.
+
+    Any exception here (Ctrl-C, SIGTERM turned into SystemExit by
+    :func:`main`) stops every rank before it propagates, so the caller's
+    clean-up (deleting the network namespace) runs with no rank left.
+    """
+    from ..launch.mpiexec import stop_group
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        return 124
+    except BaseException:
+        stop_group(proc)
+        raise
+
+
 def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
     """Start the ranks for one network setting; return their result rows."""
-    from ..launch import mpiexec_command, run_mpiexec
+    from ..launch import mpiexec_command
     from ..launch.mpiexec import child_env
     env = child_env()
     for item in mpi_env:
@@ -176,12 +199,14 @@ def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
         cmd = mpiexec_command(workers, [sys.executable, '-u', '-m', 'theanompi_ext.bench.overlap',
                                         spec_path])
         if net[0] == 'shm':
-            status = run_mpiexec(cmd, env=env, timeout=timeout)
+            status = run_ranks(cmd, env, timeout)
         else:
             for k, v in TCP_ENV.items():
                 env.setdefault(k, v)
             with RateLimitedNamespace(net[1]) as ns:
-                status = run_mpiexec(ns.wrap(cmd), env=env, timeout=timeout)
+                status = run_ranks(ns.wrap(cmd), env, timeout)
+        if status == 124:
+            raise RuntimeError('stopped after --timeout %g s' % timeout)
         if status != 0:
             raise RuntimeError('the ranks failed (exit status %d)' % status)
         with open(spec['out']) as f:

@@ -15,7 +15,6 @@ Two ways to finish a started allreduce, the same on every rank (a blocking
     the wait unless the library has asynchronous progress, so this mainly
     serves comparisons.
 """
-import collections
 import os
 import queue
 import threading
@@ -40,12 +39,6 @@ def _mpi():
 class MPICommunicator(ObjectsOverMPI, Communicator):
     """Allreduce over an mpi4py communicator (COMM_WORLD by default)."""
     name = 'mpi'
-    # A wait that finds its allreduce not yet begun by the thread (and the
-    # thread idle) runs it, and any started before it, on the waiting
-    # thread: that saves two thread wake-ups per wait, 10-20% of a 1 MB
-    # allreduce on shared memory (docs/performance.md). Order is kept: one
-    # lock covers taking the oldest started buffer and reducing it.
-    run_in_wait = True
 
     def __init__(self, comm=None, progress='thread', thread_nice=None, thread_idle=None):
         MPI = _mpi()
@@ -63,8 +56,6 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self._queue = None
         self._thread = None
         self._pending = []
-        self._fifo = collections.deque()    # started, not yet begun
-        self._exec = threading.Lock()       # held while taking and reducing one
 
     # -- blocking ---------------------------------------------------------
     def allreduce(self, buf):
@@ -82,10 +73,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
             handle._finish()
         elif self.progress == 'thread':
             self._ensure_thread()
-            self._fifo.append(handle)
-            self._queue.put(True)           # one wake-up per started buffer
-            if self.run_in_wait:
-                handle.wait = self._wait_or_run(handle, handle.wait)
+            self._queue.put(handle)
         else:
             handle.t_start = time.perf_counter()
             req = self._bg_comm.Iallreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
@@ -101,33 +89,18 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
 
     def _run(self):
         lower_thread_priority(self.thread_nice, self.thread_idle)
-        while self._queue.get() is not None:
-            with self._exec:
-                if self._fifo:              # else a waiting caller ran it
-                    self._reduce(self._fifo.popleft())
-
-    def _reduce(self, handle):
         MPI = _mpi()
-        handle.t_start = time.perf_counter()
-        try:
-            self._bg_comm.Allreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
-        except Exception as exc:  # report on the waiting side
-            handle._finish(exc)
-        else:
-            handle._finish()
-
-    def _wait_or_run(self, handle, plain_wait):
-        def wait(timeout=None):
-            # Lock free and not done means not begun: reduce, in start order,
-            # everything up to this buffer here instead of waking the thread.
-            if not handle.done() and self._exec.acquire(blocking=False):
-                try:
-                    while not handle.done() and self._fifo:
-                        self._reduce(self._fifo.popleft())
-                finally:
-                    self._exec.release()
-            return plain_wait(timeout)
-        return wait
+        while True:
+            handle = self._queue.get()
+            if handle is None:
+                return
+            handle.t_start = time.perf_counter()
+            try:
+                self._bg_comm.Allreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
+            except Exception as exc:  # report on the waiting side
+                handle._finish(exc)
+            else:
+                handle._finish()
 
     def close(self):
         if self._thread is not None:
