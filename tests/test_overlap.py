@@ -183,6 +183,8 @@ def test_trainer_timeline_trace(mpirun, tmp_path):
     assert buckets[:len(buckets) // 3] == ['bucket%d' % b for b in range(len(buckets) // 3)]
     exposed = trace['otherData']['exposed_comm_us']
     assert len(exposed['0']) == 3 and min(min(v) for v in exposed.values()) >= 0
+    job = trace['otherData']['job_exposed_comm_us']
+    assert len(job) == 3 and min(job) >= 0
     meta = {(e['pid'], e['tid']): e['args']['name'] for e in trace['traceEvents']
             if e['ph'] == 'M' and e['name'] == 'thread_name'}
     assert meta[(0, tl.COMPUTE_TID)] == 'compute' and meta[(1, tl.COMM_TID)] == 'comm'
@@ -199,6 +201,14 @@ def test_check_trace_rejects_bad_nesting():
     bad['traceEvents'][-1]['dur'] = 5e6             # the bucket outlives its step
     with pytest.raises(ValueError, match='outside every step'):
         tl.check_trace(bad)
+
+
+def test_job_exposed_comm_leaves_out_waiting_for_a_slower_rank():
+    # rank 0 ends its backward at 1.0, rank 1 at 1.5; the last transfer ends
+    # at 1.6 on both: the job waited 0.1 s on communication, rank 0 0.6 s.
+    marks = [[(0, 1.0, 1.6), (1, 3.0, 3.0)], [(0, 1.5, 1.6), (1, 2.0, 2.5)]]
+    assert tl.job_exposed_comm(marks) == pytest.approx([0.1, 0.0])
+    assert tl.job_exposed_comm([[(0, 1.0, None)], [(0, 1.0, None)]]) == [0.0]
 
 
 # -- the bench ------------------------------------------------------------------------------

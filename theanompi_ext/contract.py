@@ -37,6 +37,7 @@ import os
 import numpy as np
 
 from .params import ParamSet, tags_of
+from .buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 
 # Options of a contract-model run: name -> (default, parser). Values come
 # from, in increasing priority: these defaults, the model's attributes
@@ -51,8 +52,8 @@ OPTION_DEFAULTS = {
     'weight_decay': (-1.0, float),     # -1: model.eta
     'momentum': (-1.0, float),         # -1: model.mu
     'exchange_bn': (False, lambda s: str(s).strip().lower() in ('1', 'true', 'yes', 'on')),
-    'bucket_cap_mb': (4.0, float),
-    'first_bucket_cap_mb': (1.0, float),
+    'bucket_cap_mb': (DEFAULT_CAP_MB, float),
+    'first_bucket_cap_mb': (DEFAULT_FIRST_CAP_MB, float),
     'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
     'out': ('', str),                  # rank 0 writes params.npz + summary.json here
 }

@@ -18,8 +18,8 @@ Both trainers exchange every gradient, batch-norm gamma/beta included
 (``exchange_bn=True``), so the two projects move the same bytes; BN running
 statistics stay per rank on both sides (DDP ``broadcast_buffers=False``).
 
-Per system three step times are measured, each the median over steps of
-the step time of the slower rank:
+Per system three step times are measured (a step ends when its slower
+rank ends; the modes alternate step by step):
 
 * ``compute_s``: forward + backward + update with no communication at all
   (ours: the monolithic backward without any exchange; DDP: inside
@@ -28,14 +28,15 @@ the step time of the slower rank:
   pass (ours: the ``ar`` step; DDP: one flat gloo ``all_reduce``);
 * ``step_s``: the system's real step.
 
-and from them ``comm_overhead = step_s / compute_s - 1`` and
-``hidden_fraction = (serial_s - step_s) / (serial_s - compute_s)``: the share
-of the non-overlapped exchange's cost that the system's step does not pay
-(0 for a serial exchanger; ``null`` when that cost is under 1% of the
-compute step or under twice its standard error, where the ratio is noise).
-The definitions are the same for both projects; every median comes with a
-standard error (``*_err_s``, ``comm_overhead_err``) and the per-step times
-(``times_s``). ``docs/performance.md`` has the figures.
+and from them ``comm_overhead = step / compute - 1`` and
+``hidden_fraction = (serial - step) / (serial - compute)``: the share of the
+non-overlapped exchange's cost that the system's step does not pay (0 for a
+serial exchanger; ``null`` when that cost is under 1% of the compute step or
+under twice its standard error, where the ratio is noise). Both are
+estimated from the modes' back-to-back steps (see :func:`make_row`). The
+definitions are the same for both projects; figures come with standard
+errors and the per-step times (``times_s``). ``docs/performance.md`` has
+the figures.
 
 Alternation: each (network, model) setting launches ``--launches`` pairs of
 jobs, ours then DDP, then DDP then ours, ...; inside a job the modes run in
@@ -85,14 +86,17 @@ def register(sub):
     p.add_argument('--batch', type=int, default=32, help='examples per rank (default 32)')
     p.add_argument('--threads', type=int, default=1,
                    help='compute threads per rank, both projects (default 1)')
-    p.add_argument('--steps', type=int, default=3, help='timed steps per block (default 3)')
-    p.add_argument('--reps', type=int, default=3,
-                   help='alternating blocks per mode in one job (default 3)')
+    # One step per block: the modes interleave as finely as possible, so a
+    # burst of outside load on a shared machine hits every mode alike.
+    p.add_argument('--steps', type=int, default=1, help='timed steps per block (default 1)')
+    p.add_argument('--reps', type=int, default=12,
+                   help='alternating blocks per mode in one job (default 12)')
     p.add_argument('--warmup', type=int, default=2, help='untimed steps per mode (default 2)')
     p.add_argument('--launches', type=int, default=2,
                    help='jobs per system and setting, alternating ours/DDP (default 2)')
-    p.add_argument('--ddp-bucket-cap-mb', type=float, default=25.0,
-                   help="DDP's bucket_cap_mb (default 25, DDP's own default)")
+    p.add_argument('--ddp-bucket-cap-mb', default='25', metavar='LIST',
+                   help="DDP's bucket_cap_mb; a comma-separated list measures one DDP "
+                        "system per value (default 25, DDP's own default; ours is 4)")
     p.add_argument('--no-ddp', action='store_true', help='measure only this project')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs, batch 8), 1 job, few steps')
@@ -156,8 +160,12 @@ def make_spec(args):
     for name in ('batch', 'threads', 'steps', 'reps', 'launches'):
         if getattr(args, name) < 1:
             raise ValueError('--%s must be >= 1' % name)
-    if args.warmup < 0 or args.ddp_bucket_cap_mb <= 0:
-        raise ValueError('--warmup must be >= 0 and --ddp-bucket-cap-mb > 0')
+    try:
+        caps = [float(c) for c in str(args.ddp_bucket_cap_mb).split(',') if c]
+    except ValueError:
+        caps = []
+    if args.warmup < 0 or not caps or min(caps) <= 0:
+        raise ValueError('--warmup must be >= 0 and --ddp-bucket-cap-mb a list of sizes > 0')
     quick = bool(args.quick)
     models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
         else [m for m in args.models.split(',') if m]
@@ -168,14 +176,14 @@ def make_spec(args):
                 threads=args.threads, steps=2 if quick else args.steps,
                 reps=2 if quick else args.reps, warmup=1 if quick else args.warmup,
                 launches=1 if quick else args.launches,
-                n_classes=10, ddp_bucket_cap_mb=args.ddp_bucket_cap_mb)
+                n_classes=10, ddp_bucket_caps_mb=caps)
 
 
 def run_setting(spec, model, net, ranks, ddp, timeout):
     """All jobs of one (network, model) setting; returns its result rows."""
     from .allreduce import run_ranks
     spec = dict(spec, model=model, model_spec=MODEL_SPECS[model])
-    ours, theirs = [], []
+    ours, theirs = [], {cap: [] for cap in spec['ddp_bucket_caps_mb']}
     load_before = os.getloadavg()[0]
     # The same compute threads for both projects, whatever the caller's
     # environment says (Theano's BLAS reads these; PyTorch gets the count
@@ -190,9 +198,11 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
                 ours.append(run_ranks('theanompi_ext.bench.compare', spec, net, ranks,
                                       timeout, threads))
             elif ddp:
-                theirs.append(run_ranks('theanompi_ext.bench.ddp_worker',
-                                        dict(spec, port=free_port()), net, ranks, timeout,
-                                        threads))
+                for cap in spec['ddp_bucket_caps_mb']:
+                    theirs[cap].append(run_ranks(
+                        'theanompi_ext.bench.ddp_worker',
+                        dict(spec, port=free_port(), ddp_bucket_cap_mb=cap), net, ranks,
+                        timeout, threads))
     from .overlap import format_network
     rows = summarize(model, format_network(net), spec, ours, theirs)
     # The machine may be shared: say how busy it was around the measurement.
@@ -225,76 +235,115 @@ def median_and_error(values):
     return med, 1.2533 * sigma / np.sqrt(len(v))
 
 
-def hidden_fraction(compute, serial, step, noise=0.0):
-    """``(serial - step) / (serial - compute)``, or None when the exchange's
-    cost ``serial - compute`` is under 1% of the compute step or under twice
-    the measurement noise (the ratio would be noise)."""
-    cost = serial - compute
-    if cost <= max(0.01 * compute, 2.0 * noise):
-        return None
-    return (serial - step) / cost
+def job_steps(per_rank):
+    """Per-step seconds of the job: step k ends when its slower rank ends.
+
+    ``per_rank`` holds each rank's per-step seconds. With one step per
+    block (the default) every step starts at a barrier, so the k-th steps
+    of the ranks ran side by side, in the compute-only modes too: their
+    maximum is what a synchronous step would have waited for.
+    """
+    return np.max(np.asarray(per_rank, float), axis=0)
 
 
 def make_row(system, model, network, compute, step, serial, **extra):
     """One result object with the derived ratios (see the module docstring).
 
-    ``compute``, ``step`` and ``serial`` are lists of per-step seconds; the
-    row holds their medians (``*_s``), the medians' standard errors
-    (``*_err_s``) and the per-step times themselves (``times_s``).
+    ``compute``, ``step`` and ``serial`` hold each rank's per-step seconds.
+    Entry k of every mode comes from repetition k of :func:`time_modes`, so
+    the modes' k-th steps ran back to back; the ratios are medians of these
+    paired figures, relative to the compute step of the same repetition,
+    which cancels slow drifts of the machine's load::
+
+        comm_overhead   = median_k(step_k / compute_k) - 1
+        cost            = median_k((serial_k - compute_k) / compute_k)
+        hidden_fraction = median_k((serial_k - step_k) / compute_k) / cost
+
+    ``hidden_fraction`` is None when ``cost`` (the exchange's cost, as a
+    fraction of the compute step) is under 1% or under twice its standard
+    error. The
+    row also holds the medians of the three step times (``*_s``), standard
+    errors (``*_err``, see :func:`median_and_error`) and the per-rank,
+    per-step times (``times_s``).
     """
-    (c, ec), (t, et), (s, es) = [median_and_error(v) for v in (compute, step, serial)]
-    noise = float(np.hypot(ec, es))
-    row = dict(system=system, model=model, network=network, compute_s=c, step_s=t,
-               comm_overhead=t / c - 1.0, hidden_fraction=hidden_fraction(c, s, t, noise),
-               serial_s=s, compute_err_s=ec, step_err_s=et, serial_err_s=es,
-               comm_cost_s=s - c,
-               comm_overhead_err=float(np.hypot(et / c, t * ec / c ** 2)),
-               times_s=dict(compute=list(compute), step=list(step), serial=list(serial)))
+    c, t, s = [job_steps(v) for v in (compute, step, serial)]
+    n = min(len(c), len(t), len(s))
+    c, t, s = c[:n], t[:n], s[:n]
+    (mc, ec), (mt, et), (ms, es) = [median_and_error(v) for v in (c, t, s)]
+    overhead, overhead_err = median_and_error(t / c - 1.0)
+    cost, cost_err = median_and_error((s - c) / c)
+    saved = median_and_error((s - t) / c)[0]
+    hidden = saved / cost if cost > max(0.01, 2.0 * cost_err) else None
+    row = dict(system=system, model=model, network=network, compute_s=mc, step_s=mt,
+               comm_overhead=overhead, hidden_fraction=hidden, serial_s=ms,
+               comm_overhead_err=overhead_err, comm_cost=cost, comm_cost_err=cost_err,
+               compute_err_s=ec, step_err_s=et, serial_err_s=es,
+               times_s=dict(compute=compute, step=step, serial=serial))
     row.update(extra)
     return row
 
 
+def _median(per_rank):
+    return float(np.median(job_steps(per_rank)))
+
+
 def _all(results, mode):
-    return [v for r in results for v in r[mode]]
+    """Each rank's per-step times of ``mode``, over every job."""
+    return [sum((r[mode][k] for r in results), []) for k in range(len(results[0][mode]))]
+
+
+def ddp_system(cap_mb):
+    """The system name of DDP with ``bucket_cap_mb=cap_mb`` (25, its default: plain)."""
+    return SYSTEMS[2] if cap_mb == 25 else '%s-%gmb' % (SYSTEMS[2], cap_mb)
 
 
 def summarize(model, network, spec, ours, theirs):
-    """Result rows of one setting from the jobs' per-step times."""
+    """Result rows of one setting from the jobs' per-step times.
+
+    ``ours`` is a list of our jobs' results, ``theirs`` maps a DDP bucket
+    cap to the list of DDP jobs' results with it.
+    """
     rows = []
     common = dict(batch=spec['batch'], ranks=None, threads=spec['threads'])
     if ours:
         t = {m: _all(ours, m) for m in OURS_MODES}
         extra = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
-                     params=ours[0]['params'], allreduce_s=float(np.median(t['allreduce'])),
-                     compute_chunked_s=float(np.median(t['compute_chunked'])),
-                     steps_measured=len(t['overlap']), buckets=ours[0]['buckets'],
+                     params=ours[0]['params'], allreduce_s=_median(t['allreduce']),
+                     compute_chunked_s=_median(t['compute_chunked']),
+                     steps_measured=len(t['overlap'][0]), buckets=ours[0]['buckets'],
                      chunks=ours[0]['chunks'])
         rows.append(make_row(SYSTEMS[0], model, network, t['compute'], t['overlap'],
                              t['serial'], **extra))
         rows.append(make_row(SYSTEMS[1], model, network, t['compute'], t['serial'],
                              t['serial'], **extra))
-    if theirs:
-        t = {m: _all(theirs, m) for m in ('compute', 'serial', 'full', 'allreduce')}
+    for cap, jobs in sorted(theirs.items()):
+        if not jobs:
+            continue
+        t = {m: _all(jobs, m) for m in ('compute', 'serial', 'full', 'allreduce')}
         rows.append(make_row(
-            SYSTEMS[2], model, network, t['compute'], t['full'], t['serial'],
-            **dict(common, ranks=ours[0]['ranks'] if ours else None,
-                   grad_bytes=theirs[0]['grad_bytes'], params=theirs[0]['params'],
-                   allreduce_s=float(np.median(t['allreduce'])), steps_measured=len(t['full']),
-                   torch=theirs[0]['torch'], ddp_bucket_cap_mb=spec['ddp_bucket_cap_mb'])))
+            ddp_system(cap), model, network, t['compute'], t['full'], t['serial'],
+            **dict(common, ranks=len(t['full']), grad_bytes=jobs[0]['grad_bytes'],
+                   params=jobs[0]['params'], allreduce_s=_median(t['allreduce']),
+                   steps_measured=len(t['full'][0]), torch=jobs[0]['torch'],
+                   ddp_bucket_cap_mb=cap)))
     return rows
 
 
 def targets(rows):
-    """The two targets against DDP for one setting, as text (or None without DDP).
+    """The two targets against each DDP system of one setting, as text lines
+    (None without DDP).
 
     Ours (overlapped) must have a communication overhead no larger than
     DDP's and a hidden fraction no smaller. A difference smaller than the
     two figures' combined standard error is called "within noise".
     """
-    by = {r['system']: r for r in rows}
-    ours, ddp = by.get(SYSTEMS[0]), by.get(SYSTEMS[2])
-    if not ours or not ddp:
-        return None
+    ours = [r for r in rows if r['system'] == SYSTEMS[0]]
+    lines = [_target(ours[0], r) for r in rows
+             if ours and r['system'].startswith(SYSTEMS[2])]
+    return '\n'.join(lines) or None
+
+
+def _target(ours, ddp):
     d = ddp['comm_overhead'] - ours['comm_overhead']
     err = float(np.hypot(ours['comm_overhead_err'], ddp['comm_overhead_err']))
     oh = 'met' if d >= 0 else 'NOT met'
@@ -305,9 +354,9 @@ def targets(rows):
         hf = 'n/a (an exchange cost within noise)'
     else:
         hf = 'met' if a >= b else 'NOT met'
-    return ('targets vs DDP: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s' % (
-        100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], oh, _fmt_frac(a),
-        _fmt_frac(b), hf))
+    return ('targets vs %s: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s' % (
+        ddp['system'], 100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], oh,
+        _fmt_frac(a), _fmt_frac(b), hf))
 
 
 def _fmt_frac(v):
@@ -369,7 +418,7 @@ def time_modes(run, modes, steps, reps, barrier, warmup=1):
 def measure_ours(spec):
     """Time this project's modes on this rank (collective over COMM_WORLD).
 
-    Returns, on every rank, ``{mode: [per-step seconds on the slower rank]}``
+    Returns, on every rank, ``{mode: [[per-step seconds] of each rank]}``
     for :data:`OURS_MODES`, plus sizes.
     """
     from ..collective.mpi import MPICommunicator
@@ -408,10 +457,8 @@ def measure_ours(spec):
     }
     local = time_modes(run, OURS_MODES, spec['steps'], spec['reps'], comm.barrier,
                        warmup=spec['warmup'])
-    everyone = comm.allgather(json.dumps(local))
-    ranks = [json.loads(e) for e in everyone]
-    out = {mode: [float(v) for v in np.max([r[mode] for r in ranks], axis=0)]
-           for mode in OURS_MODES}
+    everyone = [json.loads(e) for e in comm.allgather(json.dumps(local))]
+    out = {mode: [[float(v) for v in r[mode]] for r in everyone] for mode in OURS_MODES}
     out.update(grad_bytes=4 * int(serial.n_exch), params=int(serial.layout.total),
                buckets=len(serial.buckets), chunks=overlap.backward.n_chunks, ranks=k)
     comm.barrier()

@@ -138,7 +138,7 @@ def _rank_and_size():
 def measure(spec):
     """Time the DDP modes on this rank (collective over the gloo group).
 
-    Returns, on every rank, ``{mode: [per-step seconds on the slower rank]}``
+    Returns, on every rank, ``{mode: [[per-step seconds] of each rank]}``
     plus ``grad_bytes`` and ``params``.
     """
     import torch
@@ -212,9 +212,10 @@ def measure(spec):
                            warmup=spec['warmup'])
         out = {}
         for mode in MODES:
-            t = torch.tensor(local[mode], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)      # the slower rank
-            out[mode] = [float(v) for v in t]
+            mine = torch.tensor(local[mode], dtype=torch.float64)
+            every = [torch.zeros_like(mine) for _ in range(size)]
+            dist.all_gather(every, mine)
+            out[mode] = [[float(v) for v in t] for t in every]
         out['grad_bytes'] = 4 * int(flat.numel())
         out['params'] = count_params(net)
         out['torch'] = torch.__version__

@@ -14,8 +14,11 @@ alternating the modes over several repetitions:
                      same bytes, no compute)
 
 Reported (medians over steps; the slower rank): the five times, the
-*exposed communication* of the overlapped step (from its timeline: the
-wait after the last backward chunk), the *hidden fraction*
+*exposed communication* of the overlapped step (from the ranks'
+timelines: how long the last transfer outlasts the last rank's backward
+pass, see :func:`~theanompi_ext.exchange.timeline.job_exposed_comm`;
+``exposed_comm_rank_s`` is the per-rank figure, which also counts a rank
+waiting for a slower one), the *hidden fraction*
 ``(serial - overlap) / (serial - compute)`` (the share of the exchange's
 cost the overlap removed; undefined when communication costs nothing
 measurable), and ``extra_bytes``: bytes the exchanger allocates beyond the
@@ -321,11 +324,11 @@ def compute_step(trainer, x, y, lr):
 
 
 def measure_model(comm, name, spec):
-    """Time the modes for model ``name`` on this rank; returns the rank-0 row (all ranks)."""
+    """Time the modes for model ``name`` (every rank); returns the row on rank 0, else None."""
     from ..model import build_model
     from ..train.config import TrainConfig
     from ..train.trainer import Trainer
-    from ..exchange.timeline import Timeline
+    from ..exchange.timeline import Timeline, write_trace
     shape, n, k = tuple(spec['input_shape']), spec['batch'], comm.size
     data = synthetic_dataset(shape, 4 * n * k)
     opts = dict(model=name, batch_per_worker=n, epochs=1, warmup='none', base_lr=0.01,
@@ -376,16 +379,24 @@ def measure_model(comm, name, spec):
     extra = sum(h.buf.nbytes for h in overlap.exchanger.last_handles
                 if not np.shares_memory(h.buf, grads))
     mine = dict((m + '_s', float(np.median(times[m]))) for m in MODES)
-    mine['exposed_comm_s'] = float(np.median(overlap.timeline.exposed_comm()))
-    mine['serial_exposed_comm_s'] = float(np.median(serial.timeline.exposed_comm()))
+    mine['exposed_comm_rank_s'] = float(np.median(overlap.timeline.exposed_comm()))
     mine.update(('cpu_per_wall_' + m, cpu[m][0] / max(cpu[m][1], 1e-9)) for m in MODES)
     everyone = comm.allgather(json.dumps(mine))
-    if spec.get('timeline'):
-        for label, tr in (('serial', serial), ('overlap', overlap)):
-            tr.timeline.save('%s-%s-%s' % (spec['timeline'], name, label), comm)
+    traces = {label: tr.timeline.gather(comm) for label, tr in (('serial', serial),
+                                                                 ('overlap', overlap))}
     saved = _saved_bytes(overlap.backward, x, y)
+    if comm.rank != 0:
+        return None
+    if spec.get('timeline'):
+        for label, trace in traces.items():
+            write_trace(trace, '%s-%s-%s' % (spec['timeline'], name, label))
     ranks = [json.loads(e) for e in everyone]
     row = {key: max(r[key] for r in ranks) for key in mine}   # the slower rank
+    # Exposed communication of the job: after the last rank's backward pass
+    # (a rank's own figure also counts waiting for a slower rank's compute).
+    job = {label: t['otherData']['job_exposed_comm_median_us'] / 1e6
+           for label, t in traces.items()}
+    row.update(exposed_comm_s=job['overlap'], serial_exposed_comm_s=job['serial'])
     row.update(model=name, network=spec['network'], extra_bytes=int(extra),
                hidden_fraction=hidden_fraction(row['compute_s'], row['serial_s'],
                                                row['overlap_s']),

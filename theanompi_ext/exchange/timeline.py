@@ -36,7 +36,10 @@ wants integers) named by ``"ph": "M"`` ``thread_name`` metadata events:
     between the main thread starting the bucket and the transfer
     beginning). Each lies inside its step's ``step <i>`` interval.
 
-``otherData`` has per-step ``exposed_comm_us`` per rank and the median.
+``otherData`` has per-step ``exposed_comm_us`` per rank and the median,
+and ``job_exposed_comm_us`` (:func:`job_exposed_comm`: the job's wait after
+the last rank's backward pass, which leaves out ranks waiting for each
+other) and its median.
 Timestamps are ``time.perf_counter()`` (CLOCK_MONOTONIC), common to the
 ranks of one machine; across machines the lanes of different ranks are
 not aligned.
@@ -138,27 +141,73 @@ class Timeline(object):
                              queued_us=1e6 * (t0 - tq), step=s.iteration))
         return ev
 
+    def step_marks(self):
+        """Per step: (iteration, end of the backward pass, end of the last transfer)."""
+        return [(s.iteration, s.backward_end, max((c[3] for c in s.comm), default=None))
+                for s in self.steps]
+
+    def gather(self, comm=None):
+        """The trace of every rank's steps (on rank 0; None on the others).
+
+        With a communicator every rank must call this.
+        """
+        mine = json.dumps({'rank': self.rank, 'events': self.events(),
+                           'exposed': self.exposed_comm(), 'marks': self.step_marks()})
+        parts = comm.allgather(mine) if comm is not None else [mine]
+        if comm is not None and comm.rank != 0:
+            return None
+        ranks = [json.loads(p) for p in parts]
+        trace = chrome_trace([e for r in ranks for e in r['events']],
+                             {r['rank']: r['exposed'] for r in ranks})
+        job = job_exposed_comm([r['marks'] for r in ranks])
+        trace['otherData']['job_exposed_comm_us'] = [round(1e6 * v, 1) for v in job]
+        trace['otherData']['job_exposed_comm_median_us'] = \
+            round(1e6 * float(np.median(job)), 1) if job else 0.0
+        return trace
+
     def save(self, prefix, comm=None, png=True):
         """Write ``<prefix>.json`` (and ``.png``) with every rank's events.
 
         With a communicator every rank must call this; rank 0 gathers the
         events and writes the files. Returns the paths written (rank 0).
         """
-        mine = json.dumps({'rank': self.rank, 'events': self.events(),
-                           'exposed': self.exposed_comm()})
-        parts = comm.allgather(mine) if comm is not None else [mine]
-        if comm is not None and comm.rank != 0:
-            return []
-        ranks = [json.loads(p) for p in parts]
-        trace = chrome_trace([e for r in ranks for e in r['events']],
-                             {r['rank']: r['exposed'] for r in ranks})
-        paths = [prefix + '.json']
-        with open(paths[0], 'w') as f:
-            json.dump(trace, f)
-        if png:
-            paths.append(prefix + '.png')
-            plot_trace(trace, paths[1])
-        return paths
+        trace = self.gather(comm)
+        return [] if trace is None else write_trace(trace, prefix, png)
+
+
+def write_trace(trace, prefix, png=True):
+    """Write ``<prefix>.json`` and (``png``) ``<prefix>.png``; return the paths."""
+    paths = [prefix + '.json']
+    with open(paths[0], 'w') as f:
+        json.dump(trace, f)
+    if png:
+        paths.append(prefix + '.png')
+        plot_trace(trace, paths[1])
+    return paths
+
+
+def job_exposed_comm(marks_by_rank):
+    """Per step, the communication the *job* waits for after its backward pass.
+
+    ``marks_by_rank``: each rank's :meth:`Timeline.step_marks`. A rank's
+    own exposed communication also counts the time it waits for a slower
+    rank to finish computing (the allreduce needs both), which is load
+    imbalance, not communication. Across ranks (one machine, one clock):
+    ``max(0, last transfer end on any rank - last backward end on any rank)``.
+    Steps not recorded by every rank are skipped.
+    """
+    per_step = {}
+    for marks in marks_by_rank:
+        for it, bwd_end, comm_end in marks:
+            per_step.setdefault(it, []).append((bwd_end, comm_end))
+    out = []
+    for it in sorted(per_step):
+        rows = per_step[it]
+        if len(rows) != len(marks_by_rank):
+            continue
+        ends = [c for _, c in rows if c is not None]
+        out.append(max(0.0, max(ends) - max(b for b, _ in rows)) if ends else 0.0)
+    return out
 
 
 def _x(name, pid, tid, t0, t1, **args):

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 
 from ..update.schedule import WARMUPS
 from ..update.momentum import FORMS
+from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 
 EXCH_STRATEGIES = ('ar', 'ar-overlap')
 
@@ -31,8 +32,8 @@ class TrainConfig(object):
     sync_type: str = 'kn'
     exch_strategy: str = 'ar'
     exchange_bn: bool = False
-    bucket_cap_mb: float = 4.0
-    first_bucket_cap_mb: float = 1.0
+    bucket_cap_mb: float = DEFAULT_CAP_MB              # see buckets/plan.py
+    first_bucket_cap_mb: float = DEFAULT_FIRST_CAP_MB
     seed: int = 0                        # model init
     data_seed: int = 0                   # per-epoch shuffles
     max_steps: int = 0                   # 0: whole epochs
