@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-DEMO_STRATEGY ?= ar
+DEMO_STRATEGY ?= ar-overlap
 # One Theano compile cache for the whole project (ignored by git).
 export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
 # One BLAS thread per rank: ranks, not threads, use the cores.

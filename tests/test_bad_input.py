@@ -23,6 +23,13 @@ def test_invalid_options_rejected(kw, msg):
         TrainConfig(**kw).validate()
 
 
+def test_default_exchange_overlaps_where_it_exists():
+    assert TrainConfig().validate().exch_strategy == 'ar-overlap'
+    assert TrainConfig(sync_type='avg').validate().exch_strategy == 'ar'
+    assert TrainConfig(sync_type='cdd').validate().exch_strategy == 'ar'
+    assert TrainConfig(exch_strategy='ar').validate().exch_strategy == 'ar'
+
+
 def test_unknown_option_names_refused():
     with pytest.raises(ValueError, match='unknown option.*learning_rate'):
         TrainConfig.from_dict({'learning_rate': 0.1})

@@ -89,6 +89,67 @@ def test_bsp_rule_matches_reference(tmp_path, ref6, monkeypatch):
     assert summary['iterations'] == 6 and summary['devices'] == ['cpu0', 'cpu1']
 
 
+def test_bsp_rule_overlap_with_tmx_layers(tmp_path, ref6, monkeypatch, capfd):
+    # The model lists its layers: ar-overlap really overlaps, same numbers.
+    from theanompi_ext import BSP
+    monkeypatch.chdir(DROPIN)
+    monkeypatch.setenv('PYTHONPATH', env_with(DROPIN)['PYTHONPATH'])
+    rule = BSP()
+    rule.exch_strategy = 'ar-overlap'
+    rule.init(['cpu0', 'cpu1'], 'digits_contract', 'DigitsMLPLayered', max_steps=6,
+              out=str(tmp_path))
+    assert rule.wait(timeout=TIMEOUT) == 0
+    assert 'exchange mode ar-overlap: per-bucket allreduce during a chunked backward pass ' \
+        'over the 2 layers' in capfd.readouterr().out
+    assert_matches(load_npz(str(tmp_path)), ref6)
+    summary = json.load(open(os.path.join(str(tmp_path), 'summary.json')))
+    assert summary['mode'] == 'ar-overlap' and summary['iterations'] == 6
+
+
+def test_contract_overlap_equals_serial_in_chunks():
+    # One process (local communicator): the chunked backward on the model's own
+    # graph gives the serial path's gradients and parameters.
+    from theanompi_ext.collective import create_communicator
+    from theanompi_ext.contract import ContractStepper, resolve_options
+    import digits_contract as dc
+    runs = {}
+    for overlap in (False, True):
+        model = dc.DigitsMLPLayered({'verbose': False, 'rank': 0, 'size': 1})
+        comm = create_communicator('local')
+        opts = resolve_options(model, environ={})
+        opts.update(bucket_cap_mb=0.001, first_bucket_cap_mb=0.001)
+        st = ContractStepper(model, comm, 'kn', opts, log=lambda *a: None, overlap=overlap)
+        if overlap:
+            assert st.backward.n_chunks == 2 and len(st.buckets) >= 2
+        for i in range(4):
+            model.load_train_batch(i)
+            st.step()
+        runs[overlap] = st.params.values.copy()
+    np.testing.assert_allclose(runs[True], runs[False], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize('layers,needle', [
+    ([], 'model.tmx_layers is empty'),
+    ([object()], 'model.tmx_layers[0]'),
+    ('swapped', 'must be in forward order'),
+    ('foreign', "not part of model.cost's graph"),
+])
+def test_bad_tmx_layers_are_refused(layers, needle):
+    from theanompi_ext.contract import ContractGraph
+    import digits_contract as dc
+    model = dc.DigitsMLPLayered({'verbose': False, 'rank': 0, 'size': 1})
+    W1, b1, W2, b2 = model.params
+    if layers == 'swapped':
+        layers = [(model.p, [W2, b2]), (model.h, [W1, b1])]
+    elif layers == 'foreign':
+        import theano.tensor as T
+        layers = [(T.tanh(T.dot(model.x, W1)), [W1, b1]), (model.p, [W2, b2])]
+    model.tmx_layers = layers
+    with pytest.raises(ValueError) as exc:
+        ContractGraph(model, 0.5)
+    assert needle in str(exc.value)
+
+
 def run_launcher(args, cwd, timeout=TIMEOUT):
     cmd = [sys.executable, '-m', 'theanompi_ext.tmlauncher'] + args
     try:
@@ -108,7 +169,8 @@ def test_tmlauncher_matches_reference(tmp_path, ref6):
     res = run_launcher(['-cfg=%s' % cfg], cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     # rank 0 says which mode it chose and why
-    assert 'exchange mode ar' in res.stdout and 'ar-overlap asked for overlap' in res.stdout
+    assert 'exchange mode ar:' in res.stdout and 'ar-overlap asked for overlap' in res.stdout
+    assert 'model.tmx_layers' in res.stdout      # ... and how to enable it
     assert_matches(load_npz(str(tmp_path / 'out')), ref6)
 
 

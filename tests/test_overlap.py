@@ -44,14 +44,49 @@ def test_plan_chunks_min_params_and_max_chunks():
         plan_chunks(counts, max_chunks=0)
 
 
+def test_start_ready_starts_buckets_in_plan_order_once_complete():
+    from theanompi_ext.buckets.plan import plan_buckets
+    from theanompi_ext.exchange.knsum import KnSumExchanger
+
+    class Recording(object):
+        def __init__(self):
+            self.started = []
+
+        def start_allreduce(self, buf, name=None):
+            self.started.append(name)
+            return type('H', (), {'wait': lambda self: None})()
+
+    # 4-entry tensors, 16-byte caps: one parameter per bucket
+    buckets = plan_buckets([4, 4, 4, 4], 3, cap_mb=16 / 2 ** 20, first_cap_mb=16 / 2 ** 20)
+    comm = Recording()
+    ex = KnSumExchanger(comm, buckets, 12, local_scale=2)
+    grads = np.ones(16, np.float32)
+    ex.start_ready(0, grads)
+    assert comm.started == []
+    ex.start_ready(2, grads)                  # params 0, 1 final
+    assert comm.started == ['bucket0', 'bucket1']
+    ex.start_ready(2, grads)                  # nothing new: nothing started twice
+    ex.start_ready(4, grads)                  # past the exchanged prefix: the last one
+    assert comm.started == ['bucket0', 'bucket1', 'bucket2']
+    ex.finish(grads)
+    np.testing.assert_array_equal(grads, [1] * 12 + [2] * 4)   # local tail x k
+    ex.start_ready(1, grads)                  # the next step starts again at bucket 0
+    assert comm.started[-1] == 'bucket0'
+
+
 def test_bench_option_parsing():
     assert parse_network('shm') == ('shm', None)
     assert parse_network('tbf:200mbit') == ('tbf', '200mbit')
     with pytest.raises(ValueError):
         parse_network('netem:10ms')
-    assert parse_comm_thread('idle') == (0, True)
-    assert parse_comm_thread('nice:19') == (19, False)
-    assert parse_comm_thread(None) == (None, None)
+    assert parse_comm_thread('idle') == (0, True, None)
+    assert parse_comm_thread('nice:19') == (19, False, None)
+    assert parse_comm_thread(None) == (None, None, None)
+    assert parse_comm_thread('block') == (None, None, 0)
+    assert parse_comm_thread('poll:500') == (None, None, 500.0)
+    for bad in ('poll:0', 'poll:', 'poll:-5'):
+        with pytest.raises(ValueError, match='poll:US'):
+            parse_comm_thread(bad)
     with pytest.raises(ValueError):
         parse_comm_thread('nice:40')
     assert hidden_fraction(1.0, 2.0, 1.1) == pytest.approx(0.9)
@@ -113,6 +148,16 @@ def test_chunked_gradients_equal_monolithic(model, kw, exchange_bn, max_chunks):
         ['backward:' + n for n in chunked.chunk_names]
     starts = [t[1] for t in chunked.times]
     assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize('k', [2, 3])
+def test_started_allreduce_sums_with_both_thread_waits(mpirun, k):
+    res = mpirun(k, 'run_started.py', timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out['0']['ok'] and out['500']['ok']
+    assert 'thread wait blocking' in out['0']['describe']
+    assert 'sleeps <= 500 us' in out['500']['describe']
 
 
 # -- overlapped vs serial at 2 and 4 ranks ---------------------------------------------

@@ -147,6 +147,99 @@ class GradientFunction(object):
         return cost, error, res[self.n_out:]
 
 
+def layer_entries(model):
+    """``model.tmx_layers`` as a list of (name, output, params), forward order.
+
+    Each entry is either an object with ``.output`` and ``.params`` (and
+    optionally ``.name``), as Theano-MPI's layer classes are, or an
+    ``(output, params)`` pair. Returns None when the model has no such
+    attribute; raises ValueError naming the entry when one is malformed.
+    """
+    layers = getattr(model, 'tmx_layers', None)
+    if layers is None:
+        return None
+    layers = list(layers)
+    if not layers:
+        raise ValueError('model.tmx_layers is empty: list the top-level layers in forward '
+                         'order, each with .output and .params')
+    out = []
+    for i, entry in enumerate(layers):
+        if isinstance(entry, (tuple, list)) and len(entry) == 2:
+            output, params = entry
+            name = 'layer%d' % i
+        else:
+            output = getattr(entry, 'output', None)
+            params = getattr(entry, 'params', None)
+            name = getattr(entry, 'name', None) or 'layer%d' % i
+        if output is None or params is None or not hasattr(output, 'owner'):
+            raise ValueError('model.tmx_layers[%d] (%r): expected an object with a symbolic '
+                             '.output and a .params list, or an (output, params) pair'
+                             % (i, entry))
+        out.append((str(name), output, list(params)))
+    return out
+
+
+class ContractGraph(object):
+    """A contract model's own symbolic graph, as the chunked backward reads it.
+
+    Gives :class:`~theanompi_ext.backward.chunked.ChunkedBackward` what
+    :class:`~theanompi_ext.backward.graph.TrainGraph` gives it for our own
+    networks: ``cost`` (the model's cost times a shared ``scale`` = 1/k,
+    i.e. the loss over kn), ``loss_sum``/``err_sum`` (here the model's own
+    per-worker means), the layers' outputs and parameters from
+    ``model.tmx_layers``, and the data inputs. A symbolic ``model.x`` /
+    ``model.y`` becomes an input of the compiled functions, fed from
+    ``shared_x`` / ``shared_y`` at each step; a cost built on the shared
+    variables directly reads them as they are. BN running statistics are
+    left to the model, as in the serial path.
+    """
+
+    def __init__(self, model, loss_scale):
+        from .engine import T, shared, toposort
+        entries = layer_entries(model)
+        if entries is None:
+            raise ValueError('the model has no tmx_layers attribute')
+        self.layers = [(name, params) for name, _, params in entries]
+        self.layer_outputs = [output for _, output, _ in entries]
+        self.inputs, self.data_roots, self._sources = [], [], []
+        for sym, sh in (('x', 'shared_x'), ('y', 'shared_y')):
+            a, b = getattr(model, sym, None), getattr(model, sh, None)
+            if a is not None and not hasattr(a, 'get_value'):
+                if b is None or not hasattr(b, 'get_value'):
+                    raise ValueError('model.%s is symbolic but model.%s is not a shared '
+                                     'variable: cannot feed the batch' % (sym, sh))
+                self.inputs.append(a)
+                self.data_roots.append(a)
+                self._sources.append(b)
+            elif b is not None and hasattr(b, 'get_value'):
+                self.data_roots.append(b)
+        if not self.data_roots:
+            raise ValueError('the model has neither model.x/model.y nor model.shared_x/'
+                             'shared_y: cannot tell where the batch enters its graph')
+        self.loss_sum = model.cost
+        err = getattr(model, 'error', None)
+        self.has_error = err is not None
+        self.err_sum = err if err is not None else T.constant(np.float32(np.nan))
+        self.scale = shared(np.float32(loss_scale), name='loss_scale')
+        self.cost = model.cost * self.scale
+        self.stat_updates = []
+        # The outputs must be on the cost's graph, each computed from the one before.
+        ancestors = set(v for node in toposort([model.cost]) for v in node.outputs)
+        for i, (name, output, _) in enumerate(entries):
+            if output not in ancestors:
+                raise ValueError('model.tmx_layers[%d] (%s): its output is not part of '
+                                 'model.cost\'s graph' % (i, name))
+            if i and not any(entries[i - 1][1] in node.inputs
+                             for node in toposort([output])):
+                raise ValueError('model.tmx_layers must be in forward order: the output of '
+                                 'entry %d (%s) is not computed from that of entry %d (%s)'
+                                 % (i, name, i - 1, entries[i - 1][0]))
+
+    def feed(self, x=None, y=None):
+        """Values of :attr:`inputs`: the batch now in the model's shared variables."""
+        return [src.get_value(borrow=True) for src in self._sources]
+
+
 class NonFiniteStep(FloatingPointError):
     """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
     all_ranks = True
@@ -160,7 +253,7 @@ class ContractStepper(object):
     shared variables.
     """
 
-    def __init__(self, model, comm, sync_type='kn', options=None, log=print):
+    def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False):
         from .buckets.plan import flat_order, plan_buckets, check_plan_across_ranks
         from .exchange.knsum import KnSumExchanger
         from .exchange.rules import make_rule, SYNC_TYPES
@@ -197,7 +290,18 @@ class ContractStepper(object):
         self.schedule = Schedule(opts['base_lr'], k * self.n, self.iters_per_epoch,
                                  int(model.n_epochs), opts['ref_batch'], opts['warmup'],
                                  opts['warmup_epochs'], decay_epochs=(), workers=k)
-        self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order))
+        # Overlap: our chunked backward on the model's own graph, each bucket
+        # started as soon as its gradients are final (needs model.tmx_layers).
+        self.overlap = bool(overlap)
+        if self.overlap and sync_type != 'kn':
+            raise ValueError('overlap exists only for sync_type kn, not %r' % sync_type)
+        if self.overlap:
+            from .backward.chunked import ChunkedBackward
+            self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
+                None, self.params.vars, 1.0 / k, graph=ContractGraph(model, 1.0 / k)))
+            self.gradfn = None
+        else:
+            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order))
         self.grads = np.zeros(self.layout.total, np.float32)
         self.master = self.params.values.copy()
         self._stats = np.zeros(2, np.float32)
@@ -233,11 +337,20 @@ class ContractStepper(object):
         ``cost``/``error`` are this worker's (the model's per-n means).
         """
         self.restore()
-        cost, error, gvals = self.gradfn()
-        inv_k = np.float32(1.0 / self.k)
-        for i, g in enumerate(gvals):
-            np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,
-                        out=self.grads[self.layout.slice(i)])
+        if self.overlap:
+            cost, error = self.backward.run(
+                None, None, self.grads, self.layout,
+                lambda chunk, n_ready: self.exchanger.start_ready(n_ready, self.grads))
+            if not self.backward.graph.has_error:
+                error = float('nan')
+            # A non-finite gradient anywhere makes every rank's sum non-finite.
+            self.exchanger.finish(self.grads)
+        else:
+            cost, error, gvals = self.gradfn()
+            inv_k = np.float32(1.0 / self.k)
+            for i, g in enumerate(gvals):
+                np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,
+                            out=self.grads[self.layout.slice(i)])
         self._stats[...] = (cost, 0.0 if not np.isfinite(error) else error)
         finite = np.array([1.0 if np.all(np.isfinite(self.grads)) and np.isfinite(cost)
                            else 0.0], np.float32)
@@ -246,7 +359,7 @@ class ContractStepper(object):
             raise NonFiniteStep('non-finite loss or gradient at iteration %d'
                                      % self.iteration)
         lr = self.lr()
-        self.rule.step(self.params.values, self.grads, lr)
+        self.rule.step(self.params.values, self.grads, lr, reduced=self.overlap)
         self.master[...] = self.params.values
         self.rebind()
         self.iteration += 1

@@ -76,15 +76,30 @@ class Recorder(object):
         return lambda *a, **k: None
 
 
-def choose_mode(model, exch_strategy):
-    """(mode, reason): the exchange actually used for a contract model."""
+def choose_mode(model, exch_strategy, sync_type='kn'):
+    """(mode, reason): the exchange actually used for a contract model.
+
+    ``ar-overlap`` needs the model's layer sequence (``model.tmx_layers``,
+    see :func:`theanompi_ext.contract.layer_entries`) to cut its backward
+    pass into chunks; without it the serial exchange is used, and the
+    reason says how to enable overlap.
+    """
     if exch_strategy == 'ar':
         return 'ar', 'serial exchange after the whole backward pass (exch_strategy=ar)'
-    return 'ar', ('exch_strategy=%s asked for overlap, but a contract model computes all '
-                  'gradients in one Theano function (model.grads), so no bucket is ready '
-                  'before backprop ends: using the serial exchange. For overlap train a '
-                  'theanompi_ext Network with `theanompi-ext train --exch-strategy '
-                  'ar-overlap`.' % exch_strategy)
+    from .contract import layer_entries
+    layers = layer_entries(model)
+    if layers is None:
+        return 'ar', ('exch_strategy=%s asked for overlap, but the model does not list its '
+                      'layers (optional attribute model.tmx_layers: the top-level layers in '
+                      'forward order, each with .output and .params), so its gradients come '
+                      'from one Theano function (model.grads) and no bucket is ready before '
+                      'backprop ends: using the serial exchange' % exch_strategy)
+    if sync_type != 'kn':
+        return 'ar', ('exch_strategy=%s: overlap exists only for sync_type kn, not %s: '
+                      'using the serial exchange' % (exch_strategy, sync_type))
+    return 'ar-overlap', ('per-bucket allreduce during a chunked backward pass over the %d '
+                          'layers of model.tmx_layers (exch_strategy=%s)'
+                          % (len(layers), exch_strategy))
 
 
 def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
@@ -111,8 +126,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     # Rank 0 fills the compile cache first; the others then only load from it.
     model = compile_in_turn(comm, build)
     opts = resolve_options(model)
-    stepper = ContractStepper(model, comm, sync_type, opts, log=log)
-    mode, why = choose_mode(model, exch_strategy)
+    mode, why = choose_mode(model, exch_strategy, sync_type)
+    stepper = ContractStepper(model, comm, sync_type, opts, log=log,
+                              overlap=(mode == 'ar-overlap'))
     hook = getattr(model, 'load_train_batch', None)
     log('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
         'batch %d x %d = %d, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'

@@ -8,7 +8,10 @@ with ``givens`` and its own momentum update. Rank r's batch i is examples
 batch i together are the global examples ``[i*kn, (i+1)*kn)``.
 
 ``DigitsMLP`` has no ``load_train_batch`` (the worker falls back to
-``train_iter`` + restore); ``DigitsMLPHooked`` has the optional hook.
+``train_iter`` + restore); ``DigitsMLPHooked`` has the optional hook;
+``DigitsMLPLayered`` also lists its layers (``tmx_layers``, objects with
+``.output``/``.params`` as Theano-MPI's layer classes have), which lets
+the worker overlap the exchange with a chunked backward pass.
 """
 import numpy as np
 
@@ -64,8 +67,8 @@ class DigitsMLP(object):
                           zip(init_params(), ('W', 'b', 'W', 'b'))]
         self.params = [W1, b1, W2, b2]
         self.weight_types = ['W', 'b', 'W', 'b']
-        h = T.tanh(T.dot(self.x, W1) + b1)
-        p = T.nnet.softmax(T.dot(h, W2) + b2)
+        self.h = h = T.tanh(T.dot(self.x, W1) + b1)
+        self.p = p = T.nnet.softmax(T.dot(h, W2) + b2)
         self.cost = -T.mean(T.log(p[T.arange(self.y.shape[0]), self.y]))
         self.error = T.mean(T.neq(T.argmax(p, axis=1), self.y))
         self.grads = T.grad(self.cost, self.params)
@@ -116,3 +119,20 @@ class DigitsMLPHooked(DigitsMLP):
 
     def load_train_batch(self, i):
         self._load(self.X_train, self.y_train, i)
+
+
+class _Layer(object):
+    """What Theano-MPI's layer classes carry: a symbolic output and params."""
+
+    def __init__(self, name, output, params):
+        self.name, self.output, self.params = name, output, params
+
+
+class DigitsMLPLayered(DigitsMLPHooked):
+    """The hooked model plus the one optional attribute that enables overlap."""
+
+    def __init__(self, config):
+        super(DigitsMLPLayered, self).__init__(config)
+        W1, b1, W2, b2 = self.params
+        self.tmx_layers = [_Layer('hidden', self.h, [W1, b1]),
+                           _Layer('softmax', self.p, [W2, b2])]

@@ -135,13 +135,13 @@ class _ForwardIndex(object):
     def __init__(self, graph):
         roots = [graph.cost, graph.err_sum] + [u for _, u in graph.stat_updates]
         self.nodes = toposort(roots)
-        self.data_dep = {graph.x, graph.y}
+        self.data_dep = set(graph.data_roots)
         for node in self.nodes:
             if any(v in self.data_dep for v in node.inputs):
                 self.data_dep.update(node.outputs)
         # Forward variables that are always materialised: the batch and the
         # top-level layers' outputs (the chunk boundaries).
-        self.materialised = {graph.x, graph.y} | set(graph.layer_outputs)
+        self.materialised = set(graph.data_roots) | set(graph.layer_outputs)
 
     def between(self, start, end=None):
         """Data-dependent variables computed from ``start`` that ``end`` needs
@@ -182,7 +182,10 @@ class _ForwardIndex(object):
                 continue
             seen.add(v)
             if v in self.data_dep and v not in recompute:
-                cuts.append(v)
+                # A shared variable holding the batch (a contract model's
+                # shared_x) is read by the chunk itself: no input needed.
+                if not hasattr(v, 'get_value'):
+                    cuts.append(v)
             elif v.owner is not None:
                 stack.extend(v.owner.inputs)
         return cuts
@@ -196,6 +199,7 @@ class ChunkedBackward(object):
     Parameters
     ----------
     net : Network
+        Ignored when ``graph`` is given.
     params : list of shared variables
         Flat-layout order (exchanged reversed, then local).
     loss_scale : float
@@ -208,6 +212,11 @@ class ChunkedBackward(object):
         What chunks recompute instead of receiving (module docstring).
     excluding
         Theano optimisations left out of the compiled functions.
+    graph
+        The symbolic forward to cut (default ``TrainGraph(net, ...)``);
+        anything with the attributes and ``feed`` of
+        :class:`~theanompi_ext.backward.graph.TrainGraph`, e.g. a
+        Theano-MPI model's :class:`~theanompi_ext.contract.ContractGraph`.
 
     Attributes
     ----------
@@ -223,20 +232,21 @@ class ChunkedBackward(object):
     def __init__(self, net, params, loss_scale, bn_groups=1,
                  min_chunk_params=DEFAULT_MIN_CHUNK_PARAMS, max_chunks=None,
                  recompute_output=True, recompute_ops=CHEAP_OPS,
-                 excluding=DEFAULT_EXCLUDING):
-        self.graph = g = TrainGraph(net, loss_scale, bn_groups)
+                 excluding=DEFAULT_EXCLUDING, graph=None):
+        self.graph = g = graph if graph is not None else TrainGraph(net, loss_scale, bn_groups)
         self.recompute_output = recompute_output
         self.recompute_ops = frozenset(recompute_ops)
         self.excluding = tuple(excluding)
         params = list(params)
         position = {p: i for i, p in enumerate(params)}
         layer_params = []
-        for layer in net.layers:
-            missing = [p.name for p in layer.params if p not in position]
+        layer_names = [name for name, _ in g.layers]
+        for name, lparams in g.layers:
+            missing = [p.name for p in lparams if p not in position]
             if missing:
                 raise ValueError('parameters %s of layer %s are not in the flat layout'
-                                 % (missing, layer.name))
-            layer_params.append([position[p] for p in layer.params])
+                                 % (missing, name))
+            layer_params.append([position[p] for p in lparams])
         owned = sorted(i for ps in layer_params for i in ps)
         if owned != list(range(len(params))):
             raise ValueError('every parameter must belong to exactly one top-level layer '
@@ -257,9 +267,9 @@ class ChunkedBackward(object):
                 g_out = None
                 grads = grad(g.cost, wrt)
             else:
-                g_out = outs[stop - 1].type('dL/d' + net.layers[stop - 1].name)
+                g_out = outs[stop - 1].type('dL/d' + layer_names[stop - 1])
                 grads = grad(None, wrt, known_grads={outs[stop - 1]: g_out})
-            start = h_in if h_in is not None else g.x
+            start = h_in if h_in is not None else g.data_roots[0]
             if c == 0:
                 # The output chunk (a classifier layer and the loss) is cheap:
                 # recomputing it lets Theano see the whole softmax/cross-
@@ -276,23 +286,24 @@ class ChunkedBackward(object):
                 n_ready += 1
             built.append((idx, h_in, g_out, grads, index.cut_points(grads, recompute), n_ready))
 
-        # The forward returns every cut point once; x and y come from the caller.
+        # The forward returns every cut point once; the inputs come from the caller.
+        n_in = len(g.inputs)
         saved = []
         for b in built:
             for v in b[4]:
-                if v is not g.x and v is not g.y and v not in saved:
+                if v not in g.inputs and v not in saved:
                     saved.append(v)
-        slot = {g.x: 0, g.y: 1}
-        slot.update((v, 2 + i) for i, v in enumerate(saved))
+        slot = dict((v, i) for i, v in enumerate(g.inputs))
+        slot.update((v, n_in + i) for i, v in enumerate(saved))
         self.n_saved = len(saved)
-        self.forward_fn = function([g.x, g.y], [g.loss_sum, g.err_sum] + saved,
+        self.forward_fn = function(list(g.inputs), [g.loss_sum, g.err_sum] + saved,
                                    updates=g.stat_updates, name='forward',
                                    excluding=self.excluding)
         self.chunks = []
         for c, (idx, h_in, g_out, grads, cuts, n_ready) in enumerate(built):
             first, stop = self.ranges[c]
-            name = net.layers[first].name if stop - first == 1 else \
-                '%s..%s' % (net.layers[first].name, net.layers[stop - 1].name)
+            name = layer_names[first] if stop - first == 1 else \
+                '%s..%s' % (layer_names[first], layer_names[stop - 1])
             inputs = ([g_out] if g_out is not None else []) + cuts
             fn = function(inputs, grads, name='backward:' + name, excluding=self.excluding)
             self.chunks.append(_Chunk(name, fn, idx, [slot[v] for v in cuts],
@@ -304,7 +315,7 @@ class ChunkedBackward(object):
             for s in ch.slots:
                 last_use[s] = c
         for c, ch in enumerate(self.chunks):
-            ch.release = [s for s in ch.slots if last_use[s] == c and s >= 2]
+            ch.release = [s for s in ch.slots if last_use[s] == c and s >= n_in]
         self.chunk_names = [ch.name for ch in self.chunks]
         self.times = []
 
@@ -315,9 +326,10 @@ class ChunkedBackward(object):
         """
         clock = time.perf_counter
         t0 = clock()
-        out = self.forward_fn(x, y)
+        values = self.graph.feed(x, y)
+        out = self.forward_fn(*values)
         loss_sum, err_sum = float(out[0]), float(out[1])
-        values = [x, y] + out[2:]
+        values += out[2:]
         del out
         times = [('forward', t0, clock())]
         g_out = None

@@ -25,6 +25,16 @@ class TrainGraph(object):
         self.scale = shared(np.float32(loss_scale), name='loss_scale')
         self.cost = self.loss_sum * self.scale
         self.stat_updates = self.ctx.updates
+        # What the chunked backward needs of any graph (see ContractGraph):
+        # the top-level layers as (name, params), the compiled functions'
+        # data inputs, and the variables the batch enters through.
+        self.layers = [(layer.name, list(layer.params)) for layer in net.layers]
+        self.inputs = [self.x, self.y]
+        self.data_roots = [self.x, self.y]
+
+    def feed(self, x, y):
+        """Values of :attr:`inputs` for a step on batch ``(x, y)``."""
+        return [x, y]
 
 
 class Evaluator(object):

@@ -55,6 +55,8 @@ import time
 
 import numpy as np
 
+from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+
 SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
 OURS_MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 JSON_KEYS = ('system', 'model', 'network', 'compute_s', 'step_s', 'comm_overhead',
@@ -96,7 +98,8 @@ def register(sub):
                    help='jobs per system and setting, alternating ours/DDP (default 2)')
     p.add_argument('--ddp-bucket-cap-mb', default='25', metavar='LIST',
                    help="DDP's bucket_cap_mb; a comma-separated list measures one DDP "
-                        "system per value (default 25, DDP's own default; ours is 4)")
+                        "system per value (default 25, DDP's own default; ours is %g, "
+                        "first %g)" % (DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB))
     p.add_argument('--no-ddp', action='store_true', help='measure only this project')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs, batch 8), 1 job, few steps')

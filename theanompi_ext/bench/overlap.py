@@ -72,8 +72,10 @@ def register(sub):
     p.add_argument('--bucket-cap-mb', type=float, default=None, help='bucket cap (MB)')
     p.add_argument('--first-bucket-cap-mb', type=float, default=None, help='first bucket cap (MB)')
     p.add_argument('--comm-thread', default=None, metavar='POLICY',
-                   help="scheduling of the communication thread: 'normal', 'nice:N' or "
-                        "'idle' (SCHED_IDLE); default: the MPI backend's default")
+                   help="the communication thread: 'normal', 'nice:N' or 'idle' "
+                        "(SCHED_IDLE) priority; 'block' (a blocking Allreduce) or 'poll:US' "
+                        "(Iallreduce tested with sleeps up to US microseconds) wait; "
+                        "default: the MPI backend's defaults")
     p.add_argument('--mpi-env', action='append', default=[], metavar='KEY=VALUE',
                    help='extra environment for the ranks (e.g. MPICH CVARs); repeatable')
     p.add_argument('--max-chunks', type=int, default=None,
@@ -122,7 +124,7 @@ def make_spec(args):
         raise ValueError('--workers must be >= 2 (there is nothing to exchange with one rank)')
     if args.steps < 1 or args.reps < 1:
         raise ValueError('--steps and --reps must be >= 1')
-    nice, idle = parse_comm_thread(args.comm_thread)
+    nice, idle, poll_us = parse_comm_thread(args.comm_thread)
     quick = bool(args.quick)
     models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
         else [m for m in args.models.split(',') if m]
@@ -130,22 +132,29 @@ def make_spec(args):
                 batch=args.batch, steps=2 if quick else args.steps,
                 reps=2 if quick else args.reps, bucket_cap_mb=args.bucket_cap_mb,
                 first_bucket_cap_mb=args.first_bucket_cap_mb, thread_nice=nice,
-                thread_idle=idle, comm_thread=args.comm_thread or 'default',
+                thread_idle=idle, thread_poll_us=poll_us, comm_thread=args.comm_thread or 'default',
                 max_chunks=args.max_chunks, timeline=args.timeline)
 
 
 def parse_comm_thread(text):
-    """'normal' | 'nice:N' | 'idle' | None -> (thread_nice, thread_idle); None = default."""
+    """'normal' | 'nice:N' | 'idle' | 'block' | 'poll:US' | None -> (thread_nice,
+    thread_idle, thread_poll_us); None (or a None entry) = the backend's default."""
     if text is None:
-        return None, None
+        return None, None, None
     if text == 'normal':
-        return 0, False
+        return 0, False, None
     if text == 'idle':
-        return 0, True
+        return 0, True, None
+    if text == 'block':
+        return None, None, 0
     m = re.fullmatch(r'nice:(\d+)', text)
     if m and 0 <= int(m.group(1)) <= 19:
-        return int(m.group(1)), False
-    raise ValueError("--comm-thread must be 'normal', 'nice:N' (0..19) or 'idle', got %r" % text)
+        return int(m.group(1)), False, None
+    m = re.fullmatch(r'poll:(\d+(\.\d+)?)', text)
+    if m and float(m.group(1)) > 0:
+        return None, None, float(m.group(1))
+    raise ValueError("--comm-thread must be 'normal', 'nice:N' (0..19), 'idle', 'block' or "
+                     "'poll:US' (US > 0), got %r" % text)
 
 
 def parse_network(text):
@@ -417,7 +426,8 @@ def _saved_bytes(backward, x, y):
 
 def _measure_all(spec):
     from ..collective.mpi import MPICommunicator
-    comm = MPICommunicator(thread_nice=spec['thread_nice'], thread_idle=spec['thread_idle'])
+    comm = MPICommunicator(thread_nice=spec['thread_nice'], thread_idle=spec['thread_idle'],
+                           thread_poll_us=spec.get('thread_poll_us'))
     try:
         # Trainers wrap their communicator in the step watchdog; wrapping it
         # once here lets every trainer share one watchdog thread.

@@ -16,6 +16,7 @@ class KnSumExchanger(object):
         self.n_exch = n_exchanged_entries
         self.local_scale = np.float32(local_scale)
         self._handles = []
+        self._next = 0           # next bucket for start_ready
         self.last_handles = []   # the last finished step's handles (for the timeline)
 
     def start(self, bucket, grads):
@@ -24,9 +25,18 @@ class KnSumExchanger(object):
         self._handles.append(self.comm.start_allreduce(grads[b.start:b.stop],
                                                        name='bucket%d' % b.index))
 
+    def start_ready(self, n_ready, grads):
+        """Start, in plan order, every bucket not yet started whose parameters
+        are all among the first ``n_ready`` of the flat layout (the backward's
+        ``on_chunk`` report)."""
+        while self._next < len(self.buckets) and self.buckets[self._next].last <= n_ready:
+            self.start(self._next, grads)
+            self._next += 1
+
     def finish(self, grads):
         """Wait for every started bucket; rescale the local tail."""
         handles, self._handles = self._handles, []
+        self._next = 0
         self.last_handles = handles
         for h in handles:
             h.wait()

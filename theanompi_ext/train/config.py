@@ -30,7 +30,7 @@ class TrainConfig(object):
     nesterov: bool = False
     weight_decay: float = 1e-4
     sync_type: str = 'kn'
-    exch_strategy: str = 'ar'
+    exch_strategy: str = ''              # '': ar-overlap for kn, ar for avg/cdd
     exchange_bn: bool = False
     bucket_cap_mb: float = DEFAULT_CAP_MB              # see buckets/plan.py
     first_bucket_cap_mb: float = DEFAULT_FIRST_CAP_MB
@@ -79,6 +79,10 @@ class TrainConfig(object):
             bad('weight_decay', 'must be >= 0')
         if self.sync_type not in SYNC_TYPES:
             bad('sync_type', 'choose from %s' % (SYNC_TYPES,))
+        if self.exch_strategy == '':
+            # The default: overlap wherever it exists (the old rules
+            # exchange parameters or momenta after the local step).
+            self.exch_strategy = 'ar-overlap' if self.sync_type == 'kn' else 'ar'
         if self.exch_strategy not in EXCH_STRATEGIES:
             bad('exch_strategy', 'choose from %s' % (EXCH_STRATEGIES,))
         if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':

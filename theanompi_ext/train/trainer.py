@@ -127,8 +127,8 @@ class Trainer(object):
         self.comm.arm(self.iteration)
         lr = self.schedule.lr(self.iteration)
         overlapped = self.cfg.exch_strategy == 'ar-overlap'
-        on_chunk = self._start_ready_buckets if overlapped else None
-        self._next_bucket = 0
+        on_chunk = ((lambda chunk, n_ready: self.exchanger.start_ready(n_ready, self.grads))
+                    if overlapped else None)
         loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
         t_backward = clock()
         self._stats[...] = (loss, err, len(y))
@@ -151,13 +151,6 @@ class Trainer(object):
         self.comm.disarm()
         self.iteration += 1
         return self._stats[0] / self._stats[2], self._stats[1] / self._stats[2], lr
-
-    def _start_ready_buckets(self, chunk, n_ready):
-        """Start every bucket whose parameters are all among the first ``n_ready``."""
-        while self._next_bucket < len(self.buckets) and \
-                self.buckets[self._next_bucket].last <= n_ready:
-            self.exchanger.start(self._next_bucket, self.grads)
-            self._next_bucket += 1
 
     # -- epochs -------------------------------------------------------------
     def evaluate(self, batch=256):
