@@ -11,6 +11,8 @@ import dataclasses
 from .config import TrainConfig
 
 _SKIP = {'extra'}
+# Defaults that depend on other options, described instead of shown.
+_DEFAULT_HELP = {'exch_strategy': 'ar-overlap with sync_type kn, ar with avg/cdd'}
 
 
 def _parse_bool(s):
@@ -55,7 +57,7 @@ def add_config_arguments(parser):
                                 type=_parse_bool, help='(default %s)' % f.default)
         else:
             parser.add_argument(flag, dest=f.name, type=converter(f), default=None,
-                                help='(default %s)' % (f.default,))
+                                help='(default %s)' % (_DEFAULT_HELP.get(f.name, f.default),))
 
 
 def read_kv_file(path, known=None):
