@@ -333,6 +333,36 @@ def test_launcher_report_maps_pid_to_rank():
     msg, status = explain(0, LauncherReport(), {0: (1, 'h', 'done 0'), 1: (2, 'h', 'running')})
     assert status == 3 and 'rank 1 (pid 2 on h) ended without finishing' in msg
     assert explain(4, LauncherReport(), notes) == (None, 4)
+    # Hydra named rank 1, but rank 0 was seen to exit first: rank 0 died.
+    msg, status = explain(9, rep, notes, 2, first_exit=0)
+    assert 'rank 0 of 2 (pid 17435 on node7) died' in msg
+    # ... unless rank 0 had finished normally (its exit was not a death)
+    done0 = {0: (17435, 'node7', 'done 0'), 1: (17436, 'node7', 'running')}
+    assert 'rank 1 of 2 (pid 17436' in explain(9, rep, done0, 2, first_exit=0)[0]
+
+
+def test_exit_order_sees_which_rank_exited_first(tmp_path):
+    import socket
+    import time
+    from theanompi_ext.launch.postmortem import ExitOrder
+    procs = [subprocess.Popen(['sleep', '30']) for _ in range(2)]
+    try:
+        for rank, p in enumerate(procs):
+            (tmp_path / ('rank%d' % rank)).write_text('%d %s running\n' % (
+                p.pid, socket.gethostname()))
+        watch = ExitOrder(str(tmp_path), 2, interval=0.01)
+        watch.start()
+        time.sleep(0.3)                  # the watch has found both notes
+        procs[1].kill()
+        time.sleep(0.1)
+        procs[0].kill()
+        for p in procs:
+            p.wait()
+        watch.join(5)
+        assert [r for _, r in watch.exits] == [1, 0] and watch.first() == 1
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def test_rank_notes_round_trip(tmp_path, monkeypatch):
