@@ -27,7 +27,13 @@ def build_parser():
         prog='theanompi-ext',
         description='Large-minibatch synchronous SGD for Theano-MPI models.')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
-    for modname in COMMANDS:
+    register_modules(sub, COMMANDS)
+    return parser
+
+
+def register_modules(sub, modnames):
+    """Call ``register(sub)`` of each module in ``modnames`` that this build has."""
+    for modname in modnames:
         try:
             mod = importlib.import_module(modname)
         except ImportError as exc:
@@ -35,7 +41,6 @@ def build_parser():
                 continue  # feature not present in this build
             raise
         mod.register(sub)
-    return parser
 
 
 def main(argv=None):

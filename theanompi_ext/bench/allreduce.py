@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from .common import add_common_options, rank_main
+
 METHODS = ('raw', 'ours', 'started')
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(8))       # 4 KB .. 64 MB
 QUICK_SIZES = (4096, 65536, 1 << 20)
@@ -51,12 +53,8 @@ def register(sub):
                    help='repetitions of the alternating blocks (default %(default)s)')
     p.add_argument('--block-ms', type=float, default=20.0,
                    help='target length of a timed block (default %(default)s ms)')
-    p.add_argument('--network', action='append', default=None, metavar='NET',
-                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:1gbit (needs root); repeatable")
     p.add_argument('--quick', action='store_true', help='3 sizes up to 1 MB, 3 repetitions')
-    p.add_argument('--json', default='', metavar='FILE', help='write the results to FILE')
-    p.add_argument('--timeout', type=float, default=1800.0,
-                   help='seconds before a setting is stopped (default %(default)s)')
+    add_common_options(p, '1gbit', 1800.0)
     p.set_defaults(func=main)
 
 
@@ -277,17 +275,7 @@ def _guarded_measure(spec):
 
 def worker_main(spec_path):
     """Entry point of each rank: ``python -m theanompi_ext.bench.allreduce SPEC.json``."""
-    from ..train.worker import guarded
-    with open(spec_path) as f:
-        spec = json.load(f)
-
-    def run():
-        res = measure(spec)
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            with open(spec['out'], 'w') as f:
-                json.dump(res, f)
-    return guarded(run)
+    return rank_main(spec_path, measure)
 
 
 if __name__ == '__main__':

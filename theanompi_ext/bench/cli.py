@@ -7,7 +7,7 @@ arguments; its return value is the exit status), exactly like the
 top-level commands of :mod:`theanompi_ext.cli`. Modules are imported only
 when ``bench`` is parsed, and must not import Theano at module level.
 """
-import importlib
+from ..cli import register_modules
 
 BENCHES = {
     'overlap': 'theanompi_ext.bench.overlap',
@@ -20,14 +20,7 @@ def register(sub):
     """Add the ``bench`` sub-command and every available benchmark under it."""
     parser = sub.add_parser('bench', help='measure: overlap of communication with backprop, ...')
     benches = parser.add_subparsers(dest='bench', metavar='BENCH')
-    for name, modname in BENCHES.items():
-        try:
-            mod = importlib.import_module(modname)
-        except ImportError as exc:
-            if exc.name and modname.startswith(exc.name):
-                continue  # benchmark not present in this build
-            raise
-        mod.register(benches)
+    register_modules(benches, BENCHES.values())
 
     def no_bench(args):
         parser.print_help()

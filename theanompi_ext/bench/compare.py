@@ -56,6 +56,7 @@ import time
 import numpy as np
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+from .common import add_common_options, rank_main
 
 SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
 OURS_MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
@@ -82,8 +83,6 @@ def register(sub):
     p.add_argument('--models', default=','.join(DEFAULT_MODELS),
                    help='comma-separated, from %s (default %%(default)s)'
                         % ', '.join(sorted(MODEL_SPECS)))
-    p.add_argument('--network', action='append', default=None, metavar='NET',
-                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:1gbit (needs root); repeatable")
     p.add_argument('--ranks', type=int, default=2, help='ranks (default 2)')
     p.add_argument('--batch', type=int, default=32, help='examples per rank (default 32)')
     p.add_argument('--threads', type=int, default=1,
@@ -103,10 +102,7 @@ def register(sub):
     p.add_argument('--no-ddp', action='store_true', help='measure only this project')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs, batch 8), 1 job, few steps')
-    p.add_argument('--json', default='', metavar='FILE',
-                   help='write one object per system and setting to FILE')
-    p.add_argument('--timeout', type=float, default=3600.0,
-                   help='seconds before one job is stopped (default %(default)s)')
+    add_common_options(p, '1gbit', 3600.0, json_help='write one object per system and setting to FILE', timeout_what='one job')
     p.set_defaults(func=main)
 
 
@@ -471,17 +467,7 @@ def measure_ours(spec):
 
 def worker_main(spec_path):
     """Entry point of each rank: ``python -m theanompi_ext.bench.compare SPEC.json``."""
-    from ..train.worker import guarded
-    with open(spec_path) as f:
-        spec = json.load(f)
-
-    def run():
-        res = measure_ours(spec)
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            with open(spec['out'], 'w') as f:
-                json.dump(res, f)
-    return guarded(run)
+    return rank_main(spec_path, measure_ours)
 
 
 if __name__ == '__main__':

@@ -47,6 +47,8 @@ import time
 
 import numpy as np
 
+from .common import add_common_options
+
 MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
 TCP_ENV = {'MPIR_CVAR_NOLOCAL': '1', 'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp'}
@@ -62,8 +64,6 @@ def register(sub):
                        description=__doc__.split('\n\n')[0])
     p.add_argument('--models', default=','.join(DEFAULT_MODELS),
                    help='comma-separated model names (default %(default)s)')
-    p.add_argument('--network', action='append', default=None, metavar='NET',
-                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:200mbit (needs root); repeatable")
     p.add_argument('--workers', type=int, default=2, help='ranks (default 2)')
     p.add_argument('--steps', type=int, default=4, help='timed steps per block (default 4)')
     p.add_argument('--reps', type=int, default=3,
@@ -84,9 +84,7 @@ def register(sub):
                    help='tiny model (digits_cnn on 8x8 inputs), 2 steps x 2 repetitions')
     p.add_argument('--timeline', default='', metavar='PREFIX',
                    help='write Chrome traces (+PNG) of the measured steps to PREFIX-*.json')
-    p.add_argument('--json', default='', metavar='FILE', help='write the results to FILE')
-    p.add_argument('--timeout', type=float, default=3600.0,
-                   help='seconds before a setting is stopped (default %(default)s)')
+    add_common_options(p, '200mbit', 3600.0)
     p.set_defaults(func=main)
 
 

@@ -1,0 +1,34 @@
+"""What the benchmarks share: their common options and each rank's entry point."""
+import json
+
+
+def add_common_options(p, network_example, timeout_s, json_help='write the results to FILE',
+                       timeout_what='a setting'):
+    """Add ``--network``, ``--json`` and ``--timeout`` to benchmark parser ``p``."""
+    p.add_argument('--network', action='append', default=None, metavar='NET',
+                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:%s (needs root); repeatable"
+                        % network_example)
+    p.add_argument('--json', default='', metavar='FILE', help=json_help)
+    p.add_argument('--timeout', type=float, default=timeout_s,
+                   help='seconds before %s is stopped (default %%(default)s)' % timeout_what)
+
+
+def rank_main(spec_path, measure):
+    """Entry point of each rank of a benchmark job.
+
+    Reads the job's spec (JSON) from ``spec_path``, runs ``measure(spec)``
+    on every rank, and rank 0 writes its result to ``spec['out']``.
+    Returns the exit status; an error on any rank ends the job
+    (:func:`theanompi_ext.train.worker.guarded`).
+    """
+    from ..train.worker import guarded
+    with open(spec_path) as f:
+        spec = json.load(f)
+
+    def run():
+        res = measure(spec)
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            with open(spec['out'], 'w') as f:
+                json.dump(res, f)
+    return guarded(run)
