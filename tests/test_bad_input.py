@@ -73,3 +73,24 @@ def test_non_finite_loss_stops_with_iteration(mpirun, ranks):
     res = mpirun(ranks, 'run_nonfinite.py', timeout=200)
     assert res.returncode != 0
     assert 'non-finite loss' in res.stderr and 'at iteration' in res.stderr
+
+
+@pytest.mark.parametrize('argv', [
+    ['bench', 'overlap', '--quick', '--json', '{missing}/out.json'],
+    ['bench', 'overlap', '--quick', '--timeline', '{missing}/trace'],
+    ['bench', 'allreduce', '--json', '{missing}/out.json'],
+    ['bench', 'compare', '--quick', '--json', '{missing}/out.json'],
+    ['simulate', '--preset', 'goyal2017', '--plot', '{missing}/eff.png'],
+])
+def test_output_in_missing_folder_refused_before_running(tmp_path, capsys, argv):
+    # A benchmark measures for minutes before writing: a typo in the folder
+    # must stop it when the options are read, naming the folder.
+    from theanompi_ext.cli import build_parser
+    missing = str(tmp_path / 'no_such_dir')
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([a.format(missing=missing) for a in argv])
+    assert exc.value.code == 2
+    assert "folder %r does not exist" % missing in capsys.readouterr().err
+    # an existing folder is accepted
+    ok = [a.format(missing=str(tmp_path)) for a in argv]
+    build_parser().parse_args(ok)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from theanompi_ext.bench import allreduce, compare
@@ -117,7 +118,7 @@ def test_rows_and_targets():
     assert dd['hidden_fraction'] == pytest.approx(0.2)
     text = compare.targets(rows)
     assert 'vs pytorch/ddp-gloo: overhead +40.0% vs +80.0%: met' in text
-    assert '0.60 vs 0.20: met' in text and 'vs pytorch/ddp-gloo-4mb' in text
+    assert '0.60 +- 0.00 vs 0.20 +- 0.00: met' in text and 'vs pytorch/ddp-gloo-4mb' in text
     assert ov['comm_overhead_err'] == 0 and ov['times_s']['step'] == [[1.4, 1.4], [1.3, 1.3]]
     # two jobs: each rank's steps are pooled
     assert compare._all([ours, ours], 'compute') == [[1.0] * 4, [0.9] * 4]
@@ -134,8 +135,33 @@ def test_rows_and_targets():
                              [[1.2, 2.4, 3.6]])
     assert drift['comm_overhead'] == pytest.approx(0.1) and drift['comm_overhead_err'] < 1e-9
     assert drift['hidden_fraction'] == pytest.approx(0.5)
+    assert drift['hidden_fraction_err'] == pytest.approx(0.0, abs=1e-12)
     med, err = compare.median_and_error([1.0, 1.0, 1.0, 9.0])
     assert med == 1.0 and err == 0.0        # one stalled step does not count
+
+
+def test_hidden_fraction_error_and_noise_verdict():
+    # Paired steps whose hidden fraction scatters: saved/compute alternates
+    # 0.05 / 0.15 around a cost of 0.2, so the estimate is 0.5 or 0.75 or
+    # 0.25 depending on the resample: its bootstrap error is well above 0.
+    n = 40
+    c = np.ones(n)
+    s = c + 0.2
+    t = s - np.where(np.arange(n) % 2, 0.05, 0.15)
+    assert compare.paired_hidden_fraction(c, t, s) == pytest.approx(0.5)
+    err = compare.bootstrap_error(compare.paired_hidden_fraction, (c, t, s))
+    assert 0.05 < err < 0.5
+    # the same seed gives the same error; no cost at all: no estimate
+    assert compare.bootstrap_error(compare.paired_hidden_fraction, (c, t, s)) == err
+    assert compare.bootstrap_error(compare.paired_hidden_fraction, (c, c, c)) is None
+    rows = [compare.make_row(compare.SYSTEMS[0], 'm', 'shm', [list(c)], [list(t)], [list(s)]),
+            compare.make_row('pytorch/ddp-gloo', 'm', 'shm', [list(c)], [list(t - 0.01)],
+                             [list(s)])]
+    assert rows[0]['hidden_fraction_err'] == pytest.approx(err)
+    text = compare.targets(rows)
+    # DDP 0.55 against ours 0.50: not met, but well inside the combined error
+    assert '0.50 +- ' in text and 'NOT met (within noise, +-' in text
+    assert '+- ' in compare.format_table(rows).splitlines()[2]
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')

@@ -152,6 +152,8 @@ def test_chunked_gradients_equal_monolithic(model, kw, exchange_bn, max_chunks):
 
 @pytest.mark.parametrize('k', [2, 3])
 def test_started_allreduce_sums_with_both_thread_waits(mpirun, k):
+    # Includes the waiting thread running a transfer the thread has not
+    # taken, and per-rank mixes of inline and thread transfers.
     res = mpirun(k, 'run_started.py', timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])

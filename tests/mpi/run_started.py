@@ -6,7 +6,12 @@ Rank r fills bucket i with ``(r + 1) * (i + 1) + arange(size) % 7``; the
 sum over ranks is computed here independently with numpy. Both ways the
 communication thread waits are checked (blocking Allreduce, and Iallreduce
 tested with sleeps), plus CPU seconds the thread-side wait costs while the
-main thread sleeps. Rank 0 prints one JSON line.
+main thread sleeps. A wait on a handle the thread has not taken must run
+the transfer on the waiting thread (forced here by holding the
+communicator's condition so the thread cannot take it), and mixed timing
+(rank 0 waits at once and runs transfers itself, the others let the thread
+run them) must still sum correctly: every rank issues them in start order.
+Rank 0 prints one JSON line.
 """
 import json
 import time
@@ -30,6 +35,39 @@ def check(comm, k):
     return True
 
 
+def check_inline(comm, k):
+    """The waiting thread runs a transfer the communication thread has not taken."""
+    b = np.full(3000, comm.rank + 1.0, np.float32)
+    with comm._cond:            # the thread cannot take work meanwhile
+        h = comm.start_allreduce(b)
+        h.wait()
+    np.testing.assert_array_equal(b, np.full(3000, k * (k + 1) / 2.0, np.float32))
+    assert h.ran_inline
+    # Not next in line: the first must go first (thread or waiter), never the second.
+    bufs = [np.full(100 + i, comm.rank + 1.0 + i, np.float32) for i in range(2)]
+    with comm._cond:
+        hs = [comm.start_allreduce(x) for x in bufs]
+        assert not comm._run_inline(hs[1])
+    hs[1].wait()
+    hs[0].wait()
+    for i, x in enumerate(bufs):
+        np.testing.assert_array_equal(x, np.full(x.size, k * (k + 1) / 2.0 + k * i, np.float32))
+    # Mixed timing: rank 0 waits at once (mostly inline), others after a pause
+    # (the thread runs them); 40 buffers, started and waited in order.
+    rng = np.random.RandomState(comm.rank)
+    n_inline = 0
+    for rep in range(40):
+        x = ((comm.rank + 1) * (rep + 1) + np.arange(5000 + rep) % 5).astype(np.float32)
+        h = comm.start_allreduce(x)
+        if comm.rank != 0:
+            time.sleep(rng.uniform(0, 0.002))
+        h.wait()
+        n_inline += h.ran_inline
+        want = (k * (k + 1) / 2.0) * (rep + 1) + k * (np.arange(x.size) % 5)
+        np.testing.assert_array_equal(x, want.astype(np.float32))
+    return n_inline
+
+
 def main():
     results = {}
     for poll_us in (0, 500):
@@ -37,6 +75,7 @@ def main():
         k = comm.size
         for _ in range(3):
             check(comm, k)
+        n_inline = check_inline(comm, k)
         # One rank arrives 0.3 s late: what the waiting thread burns meanwhile.
         comm.barrier()
         c0 = time.process_time()
@@ -46,7 +85,7 @@ def main():
         if comm.rank == 0:
             time.sleep(0.3)
         h.wait()
-        results[str(poll_us)] = dict(ok=True, cpu_s=time.process_time() - c0,
+        results[str(poll_us)] = dict(ok=True, cpu_s=time.process_time() - c0, n_inline=n_inline,
                                      describe=comm.describe())
         comm.close()
     if comm.rank == 0:

@@ -1,6 +1,8 @@
 """What the benchmarks share: their common options and each rank's entry point."""
 import json
 
+from ..argtypes import output_path
+
 
 def add_common_options(p, network_example, timeout_s, json_help='write the results to FILE',
                        timeout_what='a setting'):
@@ -8,7 +10,7 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
     p.add_argument('--network', action='append', default=None, metavar='NET',
                    help="'shm' (default) or 'tbf:RATE', e.g. tbf:%s (needs root); repeatable"
                         % network_example)
-    p.add_argument('--json', default='', metavar='FILE', help=json_help)
+    p.add_argument('--json', default='', metavar='FILE', type=output_path, help=json_help)
     p.add_argument('--timeout', type=float, default=timeout_s,
                    help='seconds before %s is stopped (default %%(default)s)' % timeout_what)
 

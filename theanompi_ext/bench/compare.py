@@ -260,7 +260,8 @@ def make_row(system, model, network, compute, step, serial, **extra):
 
     ``hidden_fraction`` is None when ``cost`` (the exchange's cost, as a
     fraction of the compute step) is under 1% or under twice its standard
-    error. The
+    error; ``hidden_fraction_err`` is its bootstrap standard error
+    (:func:`bootstrap_error`). The
     row also holds the medians of the three step times (``*_s``), standard
     errors (``*_err``, see :func:`median_and_error`) and the per-rank,
     per-step times (``times_s``).
@@ -271,15 +272,41 @@ def make_row(system, model, network, compute, step, serial, **extra):
     (mc, ec), (mt, et), (ms, es) = [median_and_error(v) for v in (c, t, s)]
     overhead, overhead_err = median_and_error(t / c - 1.0)
     cost, cost_err = median_and_error((s - c) / c)
-    saved = median_and_error((s - t) / c)[0]
-    hidden = saved / cost if cost > max(0.01, 2.0 * cost_err) else None
+    hidden, hidden_err = None, None
+    if cost > max(0.01, 2.0 * cost_err):
+        hidden = paired_hidden_fraction(c, t, s)
+        hidden_err = bootstrap_error(paired_hidden_fraction, (c, t, s))
     row = dict(system=system, model=model, network=network, compute_s=mc, step_s=mt,
-               comm_overhead=overhead, hidden_fraction=hidden, serial_s=ms,
+               comm_overhead=overhead, hidden_fraction=hidden,
+               hidden_fraction_err=hidden_err, serial_s=ms,
                comm_overhead_err=overhead_err, comm_cost=cost, comm_cost_err=cost_err,
                compute_err_s=ec, step_err_s=et, serial_err_s=es,
                times_s=dict(compute=compute, step=step, serial=serial))
     row.update(extra)
     return row
+
+
+def paired_hidden_fraction(c, t, s):
+    """median_k((s_k - t_k) / c_k) / median_k((s_k - c_k) / c_k) of paired step
+    times (compute, step, serial); None when the cost's median is not positive."""
+    cost = float(np.median((s - c) / c))
+    return float(np.median((s - t) / c)) / cost if cost > 0 else None
+
+
+def bootstrap_error(stat, arrays, n_boot=400, seed=0):
+    """Standard deviation of ``stat`` over ``n_boot`` resamples of the paired
+    entries of ``arrays`` (drawn with replacement, the same indices for every
+    array; a fixed seed makes it reproducible). Resamples where ``stat`` is
+    None are left out; None when fewer than half remain."""
+    n = len(arrays[0])
+    rng = np.random.RandomState(seed)
+    vals = []
+    for _ in range(n_boot):
+        idx = rng.randint(0, n, n)
+        v = stat(*[a[idx] for a in arrays])
+        if v is not None:
+            vals.append(v)
+    return float(np.std(vals)) if len(vals) >= n_boot // 2 else None
 
 
 def _median(per_rank):
@@ -353,31 +380,39 @@ def _target(ours, ddp):
         hf = 'n/a (an exchange cost within noise)'
     else:
         hf = 'met' if a >= b else 'NOT met'
+        herr = float(np.hypot(ours.get('hidden_fraction_err') or 0.0,
+                              ddp.get('hidden_fraction_err') or 0.0))
+        if abs(a - b) < herr:
+            hf += ' (within noise, +-%.2f)' % herr
     return ('targets vs %s: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s' % (
         ddp['system'], 100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], oh,
-        _fmt_frac(a), _fmt_frac(b), hf))
+        _fmt_frac(a, ours.get('hidden_fraction_err')),
+        _fmt_frac(b, ddp.get('hidden_fraction_err')), hf))
 
 
-def _fmt_frac(v):
-    return 'n/a' if v is None else '%.2f' % v
+def _fmt_frac(v, err=None):
+    if v is None:
+        return 'n/a'
+    return '%.2f' % v if err is None else '%.2f +- %.2f' % (v, err)
 
 
 def format_table(rows):
-    """One line per system: times in ms, overhead in % (+- its standard error), hidden fraction."""
+    """One line per system: times in ms, overhead in % and hidden fraction (each +- its standard error)."""
     if not rows:
         return '(no results)'
     r0 = rows[0]
     lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients'
              % (r0['model'], r0['network'], r0.get('ranks'), r0.get('batch'), r0.get('threads'),
                 r0.get('grad_bytes', 0) / 1e6),
-             '%-26s %10s %10s %10s %10s %15s %7s' % ('system', 'compute ms', 'step ms',
-                                                    'serial ms', 'allred ms', 'overhead',
-                                                    'hidden')]
+             '%-26s %10s %10s %10s %10s %15s %13s' % ('system', 'compute ms', 'step ms',
+                                                     'serial ms', 'allred ms', 'overhead',
+                                                     'hidden')]
     for r in rows:
-        lines.append('%-26s %10.1f %10.1f %10.1f %10.1f %7.1f%% +-%4.1f %7s' % (
+        lines.append('%-26s %10.1f %10.1f %10.1f %10.1f %7.1f%% +-%4.1f %13s' % (
             r['system'], 1e3 * r['compute_s'], 1e3 * r['step_s'], 1e3 * r['serial_s'],
             1e3 * r.get('allreduce_s', float('nan')), 100 * r['comm_overhead'],
-            100 * r.get('comm_overhead_err', float('nan')), _fmt_frac(r['hidden_fraction'])))
+            100 * r.get('comm_overhead_err', float('nan')),
+            _fmt_frac(r['hidden_fraction'], r.get('hidden_fraction_err'))))
     verdict = targets(rows)
     if verdict:
         lines.append(verdict)

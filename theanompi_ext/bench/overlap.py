@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from ..argtypes import output_path
 from .common import add_common_options
 
 MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
@@ -82,7 +83,7 @@ def register(sub):
                    help='merge the backward into at most this many chunks')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs), 2 steps x 2 repetitions')
-    p.add_argument('--timeline', default='', metavar='PREFIX',
+    p.add_argument('--timeline', default='', metavar='PREFIX', type=output_path,
                    help='write Chrome traces (+PNG) of the measured steps to PREFIX-*.json')
     add_common_options(p, '200mbit', 3600.0)
     p.set_defaults(func=main)

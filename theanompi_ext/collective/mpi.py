@@ -10,19 +10,26 @@ Two ways to finish a started allreduce, the same on every rank (a blocking
     main thread runs compiled Theano code. MPICH polls while it waits; the
     thread can be given a lower scheduling priority (``thread_nice``) so
     its polling takes CPU only when compute leaves the core idle.
+    A ``wait()`` on a buffer the thread has not taken yet (it is next in
+    line and the thread is idle) runs the transfer on the waiting thread
+    instead: waking the thread and handing the result back costs 30-60 us
+    per transfer (docs/performance.md), which the last bucket of a step
+    would otherwise add to the critical path. One transfer runs at a time,
+    in start order, whichever thread runs it, so every rank still issues
+    the same sequence.
 ``progress='request'``
     ``Iallreduce`` now, ``Wait`` later. MPI makes little progress until
     the wait unless the library has asynchronous progress, so this mainly
     serves comparisons.
 """
+import collections
 import os
-import queue
 import threading
 import time
 
 import numpy as np
 
-from .base import Communicator, Handle, ObjectsOverMPI, check_buffer
+from .base import Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer
 
 
 # Scheduling of the communication thread. Measured (docs/overlap.md): on
@@ -79,6 +86,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         MPI = _mpi()
         if progress not in ('thread', 'request'):
             raise ValueError("progress must be 'thread' or 'request', got %r" % (progress,))
+        self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -93,62 +101,94 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         # Collectives of the background thread must never interleave with
         # the main thread's (allgather, barrier): give it its own context.
         self._bg_comm = self.comm.Dup()
-        self._queue = None
+        # FIFO of started handles and whether a transfer is running; one
+        # condition guards both (re-entrant: a test may hold it to keep
+        # the thread from taking work).
+        self._cond = threading.Condition()
+        self._todo = collections.deque()
+        self._issuing = False
         self._thread = None
-        self._pending = []
 
     # -- blocking ---------------------------------------------------------
     def allreduce(self, buf):
         check_buffer(buf)
         if self.size > 1:
-            self.comm.Allreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+            self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
         return buf
 
     # -- started ------------------------------------------------------------
     def start_allreduce(self, buf, name=None):
         check_buffer(buf)
-        handle = Handle(buf, name)
         if self.size == 1:
-            handle.t_start = handle.t_queued
-            handle._finish()
-        elif self.progress == 'thread':
+            return CompletedHandle(buf, name)
+        if self.progress == 'thread':
+            handle = _StartedHandle(buf, name, self)
             self._ensure_thread()
-            self._queue.put(handle)
+            with self._cond:
+                self._todo.append(handle)
+                if not self._issuing:    # else whoever is issuing looks again when done
+                    self._cond.notify()
         else:
+            handle = Handle(buf, name)
             handle.t_start = time.perf_counter()
-            req = self._bg_comm.Iallreduce(_mpi().IN_PLACE, buf, op=_mpi().SUM)
+            req = self._bg_comm.Iallreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
             handle.wait = _request_wait(handle, req)
         return handle
 
     def _ensure_thread(self):
         if self._thread is None:
-            self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._run, name='allreduce',
                                             daemon=True)
             self._thread.start()
 
     def _run(self):
         lower_thread_priority(self.thread_nice, self.thread_idle)
-        MPI = _mpi()
         while True:
-            handle = self._queue.get()
-            if handle is None:
-                return
-            handle.t_start = time.perf_counter()
-            try:
-                if self.thread_poll_us > 0:
-                    req = self._bg_comm.Iallreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
-                    wait_sleeping(req, self.thread_poll_us * 1e-6)
-                else:
-                    self._bg_comm.Allreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
-            except Exception as exc:  # report on the waiting side
-                handle._finish(exc)
+            with self._cond:
+                while self._issuing or not self._todo:
+                    self._cond.wait()
+                handle = self._todo.popleft()
+                if handle is None:
+                    return
+                self._issuing = True
+            self._transfer(handle)
+
+    def _run_inline(self, handle):
+        """Run ``handle``'s transfer on the calling thread if it is next
+        in line and no transfer is running; return whether it did."""
+        with self._cond:
+            if self._issuing or not self._todo or self._todo[0] is not handle:
+                return False
+            self._todo.popleft()
+            self._issuing = True
+        handle.ran_inline = True
+        self._transfer(handle)
+        return True
+
+    def _transfer(self, handle):
+        """The allreduce of one started handle (``_issuing`` is set)."""
+        MPI = self._MPI
+        handle.t_start = time.perf_counter()
+        error = None
+        try:
+            if self.thread_poll_us > 0:
+                req = self._bg_comm.Iallreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
+                wait_sleeping(req, self.thread_poll_us * 1e-6)
             else:
-                handle._finish()
+                self._bg_comm.Allreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
+        except Exception as exc:  # report on the waiting side
+            error = exc
+        with self._cond:
+            self._issuing = False
+            if self._todo:    # a wake costs tens of us on a busy core: only with work
+                self._cond.notify()
+        handle._finish(error)
 
     def close(self):
         if self._thread is not None:
-            self._queue.put(None)
+            with self._cond:
+                self._todo.append(None)
+                self._cond.notify_all()
             self._thread.join()
             self._thread = None
         if self._bg_comm is not None:
@@ -199,6 +239,22 @@ def wait_sleeping(req, max_sleep_s, first_sleep_s=2e-5):
     while not req.Test():
         time.sleep(delay)
         delay = min(2.0 * delay, max_sleep_s)
+
+
+class _StartedHandle(Handle):
+    """A handle queued for the communication thread; ``wait()`` without a
+    timeout runs the transfer itself when the thread has not taken it yet
+    (an inline blocking call could not honour a timeout)."""
+
+    def __init__(self, buf, name, comm):
+        Handle.__init__(self, buf, name)
+        self.ran_inline = False   # True: the waiting thread ran the transfer
+        self._comm = comm
+
+    def wait(self, timeout=None):
+        if timeout is None and not self.done():
+            self._comm._run_inline(self)
+        return Handle.wait(self, timeout)
 
 
 def _request_wait(handle, req):

@@ -312,10 +312,10 @@ class NCCLHandle(Handle):
 
     def done(self):
         """True once the sum is in the buffer (queries the event, never blocks)."""
-        if not self._event.is_set() and self._done_event.done:
+        if not self._done and self._done_event.done:
             self.host_synced = True
             self._finish()
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout=None, sync=None):
         """Order later work after the sum; return the buffer.
@@ -336,7 +336,7 @@ class NCCLHandle(Handle):
                         raise TimeoutError('allreduce %r did not finish within %.1f s'
                                            % (self.name, timeout))
                     time.sleep(50e-6)
-            if not self._event.is_set():
+            if not self._done:
                 self._finish()
             self.host_synced = True
             self._owner._raise_async_error(self.name)

@@ -63,7 +63,7 @@ class PygpuHandle(Handle):
         """Return the buffer; with ``sync=True`` block the host until it holds the sum."""
         if sync and hasattr(self.buf, 'sync'):
             self.buf.sync()
-        if not self._event.is_set():
+        if not self._done:
             self._finish()
         return self.buf
 

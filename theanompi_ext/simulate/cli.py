@@ -10,6 +10,8 @@ import json
 import sys
 from dataclasses import replace
 
+from ..argtypes import output_path
+
 PROG = 'theanompi-ext simulate'
 MIB = 2 ** 20
 
@@ -67,8 +69,8 @@ def register(subparsers):
                     help='efficiency is relative to this many GPUs (default: the '
                          "preset's, else 1)")
     out = p.add_argument_group('output')
-    out.add_argument('--plot', metavar='FILE.png', help='efficiency vs k, overlap on/off')
-    out.add_argument('--json', metavar='FILE', help='write the results as JSON')
+    out.add_argument('--plot', metavar='FILE.png', type=output_path, help='efficiency vs k, overlap on/off')
+    out.add_argument('--json', metavar='FILE', type=output_path, help='write the results as JSON')
     p.set_defaults(func=main)
 
 
