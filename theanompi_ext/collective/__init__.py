@@ -11,9 +11,5 @@ name       what                                        when
 :func:`create_communicator` picks one by name; ``'auto'`` means ``mpi``
 when running under an MPI launcher with more than one rank, else ``local``.
 """
-from .mpi import apply_env_defaults
-# MPICH reads its settings when MPI starts: put ours in place before any
-# module of the package imports mpi4py.
-apply_env_defaults()
 from .base import Communicator, Handle, CompletedHandle, check_buffer  # noqa: F401
 from .registry import create_communicator, available_backends  # noqa: F401

@@ -12,8 +12,8 @@ Two ways to finish a started allreduce, the same on every rank (a blocking
     its polling takes CPU only when compute leaves the core idle.
     A ``wait()`` on a buffer the thread has not taken yet (it is next in
     line and the thread is idle) runs the transfer on the waiting thread
-    instead: waking the thread and handing the result back costs 30-60 us
-    per transfer (docs/performance.md), which the last bucket of a step
+    instead: waking the thread costs 20-90 us on a machine whose cores the
+    ranks hold (docs/performance.md), which the last bucket of a step
     would otherwise add to the critical path. One transfer runs at a time,
     in start order, whichever thread runs it, so every rank still issues
     the same sequence.
@@ -49,30 +49,14 @@ DEFAULT_THREAD_IDLE = False
 #: suits compute that releases the GIL.
 DEFAULT_THREAD_POLL_US = 0
 
-#: MPICH settings applied before MPI starts, unless already in the
-#: environment (other MPI libraries ignore them). MPICH polls while it
-#: waits; with heavy yield it sleeps (nanosleep) between polls once it has
-#: polled a while: the CPU a waiting rank or communication thread burns
-#: fell from 33% to 15% of the wait (docs/overlap.md), with no measurable
-#: cost in latency or exposed communication.
-MPI_ENV_DEFAULTS = {'MPIR_CVAR_ENABLE_HEAVY_YIELD': '1'}
-
-
-def apply_env_defaults(env=None):
-    """Set :data:`MPI_ENV_DEFAULTS` in ``env`` (``os.environ``) where unset.
-
-    Takes effect only before MPI is initialised (before the first
-    ``from mpi4py import MPI`` in this process, or in a launcher's
-    environment for its ranks). Returns ``env``.
-    """
-    env = os.environ if env is None else env
-    for key, value in MPI_ENV_DEFAULTS.items():
-        env.setdefault(key, value)
-    return env
+# MPICH's own polling is kept (no MPIR_CVAR_* set here): its heavy-yield
+# mode (MPIR_CVAR_ENABLE_HEAVY_YIELD=1) cuts the CPU a wait burns from
+# about 33% to 15%, but multiplies the latency of a shared-memory
+# allreduce (4 KB: 6.5 -> 297 us; 1 MB: 289 -> 767 us). docs/overlap.md
+# has both measurements; users who want it set the variable.
 
 
 def _mpi():
-    apply_env_defaults()
     from mpi4py import MPI
     return MPI
 
