@@ -339,8 +339,7 @@ class ContractStepper(object):
         self.restore()
         if self.overlap:
             cost, error = self.backward.run(
-                None, None, self.grads, self.layout,
-                lambda chunk, n_ready: self.exchanger.start_ready(n_ready, self.grads))
+                None, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
             if not self.backward.graph.has_error:
                 error = float('nan')
             # A non-finite gradient anywhere makes every rank's sum non-finite.

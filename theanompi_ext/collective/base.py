@@ -32,6 +32,7 @@ class Handle(object):
         self._lock.acquire()
 
     def _finish(self, error=None):
+        """Mark finished (once; later calls do nothing) and release waiters."""
         if self._done:
             return
         self.t_end = time.perf_counter()

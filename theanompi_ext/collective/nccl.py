@@ -336,8 +336,7 @@ class NCCLHandle(Handle):
                         raise TimeoutError('allreduce %r did not finish within %.1f s'
                                            % (self.name, timeout))
                     time.sleep(50e-6)
-            if not self._done:
-                self._finish()
+            self._finish()      # idempotent
             self.host_synced = True
             self._owner._raise_async_error(self.name)
         else:

@@ -63,8 +63,7 @@ class PygpuHandle(Handle):
         """Return the buffer; with ``sync=True`` block the host until it holds the sum."""
         if sync and hasattr(self.buf, 'sync'):
             self.buf.sync()
-        if not self._done:
-            self._finish()
+        self._finish()      # idempotent
         return self.buf
 
 

@@ -33,6 +33,11 @@ class KnSumExchanger(object):
             self.start(self._next, grads)
             self._next += 1
 
+    def chunk_hook(self, grads):
+        """The backward pass's ``on_chunk(chunk, n_ready)`` callback that
+        starts buckets of ``grads`` as they become final (:meth:`start_ready`)."""
+        return lambda chunk, n_ready: self.start_ready(n_ready, grads)
+
     def finish(self, grads):
         """Wait for every started bucket; rescale the local tail."""
         handles, self._handles = self._handles, []

@@ -127,8 +127,7 @@ class Trainer(object):
         self.comm.arm(self.iteration)
         lr = self.schedule.lr(self.iteration)
         overlapped = self.cfg.exch_strategy == 'ar-overlap'
-        on_chunk = ((lambda chunk, n_ready: self.exchanger.start_ready(n_ready, self.grads))
-                    if overlapped else None)
+        on_chunk = self.exchanger.chunk_hook(self.grads) if overlapped else None
         loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
         t_backward = clock()
         self._stats[...] = (loss, err, len(y))
