@@ -21,6 +21,8 @@ setup(
         'mpich': ['mpich==5.0.2'],
         'bench': ['torch==2.13.0'],
         'gpu': ['nvidia-nccl-cu12==2.28.9', 'cupy-cuda12x==13.6.0'],
+        # CUDA 13 drivers (the device image's stack: CuPy 14, NCCL cu13 wheel).
+        'gpu-cu13': ['nvidia-nccl-cu13==2.32.3', 'cupy-cuda13x==14.2.0'],
         'test': ['pytest==9.2.0', 'hypothesis==6.170.17'],
     },
     entry_points={'console_scripts': ['theanompi-ext=theanompi_ext.cli:main',

@@ -4,9 +4,12 @@
     python scripts/device_nccl_check.py [--mb 64] [--matmul 8192] [--target-ms 200]
                                         [--json report.json] [--timeout 240]
 
-Needs the ``[gpu]`` extra (``nvidia-nccl-cu12``, ``cupy-cuda12x``) and one
-CUDA device; runs as one rank (NCCL refuses two ranks on one GPU), with or
-without ``mpirun -n 1``. Finishes in well under a minute on an H100/H200.
+Needs libnccl and CuPy (the ``[gpu]`` extra for CUDA 12, ``[gpu-cu13]`` for
+CUDA 13; a stock CUDA 13 image with ``cupy-cuda13x`` and ``nvidia-nccl-cu13``
+needs nothing else) and one CUDA device. Runs as one rank (NCCL refuses two
+ranks on one GPU). Without a launcher it never touches MPI, so an image whose
+mpi4py has no MPI library behind it will do; under ``mpirun -n 1`` it uses
+``COMM_WORLD``. Finishes in well under a minute on an H100/H200.
 
 What it shows
   1. correctness through ``NCCLCommunicator`` on CuPy buffers produced on
@@ -31,9 +34,9 @@ proves the two streams run concurrently on the GPU, not network overlap.
 Exit status: 0 all checks passed, 1 a check failed, 2 NCCL cannot run here.
 """
 import argparse
+import faulthandler
 import json
 import os
-import signal
 import sys
 import time
 
@@ -76,12 +79,12 @@ class Report(object):
 
 
 def _timeout(seconds):
-    def handler(signum, frame):
-        print('FAIL timed out after %d s (NCCL_DEBUG=INFO shows where NCCL stopped)' % seconds,
-              flush=True)
-        os._exit(1)
-    signal.signal(signal.SIGALRM, handler)
-    signal.alarm(seconds)
+    # faulthandler's watchdog is a C thread: it fires even while the main
+    # thread hangs inside C (ncclCommInitRank, MPI_Init), where a Python
+    # signal handler would never run. It dumps every stack, then exits 1.
+    print('INFO watchdog: after %d s the stacks are dumped and the check exits 1 '
+          '(NCCL_DEBUG=INFO shows where NCCL stopped)' % seconds, flush=True)
+    faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 def correctness(rep, comm, cp, n):
@@ -261,9 +264,15 @@ def main(argv=None):
     name = props['name'].decode() if isinstance(props['name'], bytes) else props['name']
     rep.add('INFO', 'device', '%s, CuPy %s, CUDA_VISIBLE_DEVICES=%s'
             % (name, cp.__version__, os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')))
+    from theanompi_ext.collective.world import in_mpi_job, OneRankWorld
+    # Outside a launcher, a world of one without MPI: an image's MPI may be
+    # missing, or slow to start as a singleton, and one rank needs none.
+    ranks = None if in_mpi_job() else OneRankWorld()
+    rep.add('INFO', 'ranks', 'MPI COMM_WORLD (started by a launcher)' if ranks is None
+            else 'one process, MPI not used (no launcher)')
     try:
-        comm = NCCLCommunicator()
-    except Exception as exc:   # mpi4py/MPI singleton, NCCL init: say which
+        comm = NCCLCommunicator(comm=ranks)
+    except Exception as exc:   # MPI, NCCL init: say which
         rep.add('FAIL', 'NCCLCommunicator()', '%s: %s' % (type(exc).__name__, exc))
         return _finish(rep, args, 1)
     rep.add('INFO', 'communicator', comm.describe())

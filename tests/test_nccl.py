@@ -9,6 +9,7 @@ is present (scripts/device_nccl_check.py is the fuller GPU check).
 """
 import importlib.metadata
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -194,7 +195,7 @@ def make_comm(size=1, peers=None, ndev=1, **kw):
 def _wheel_lib(monkeypatch):
     monkeypatch.delenv(ENV_LIB, raising=False)
     if nccl_lib.wheel_library_path() is None:
-        pytest.skip('nvidia-nccl-cu12 not installed')
+        pytest.skip('no NCCL wheel (nvidia-nccl-cu12/cu13) installed')
     return nccl_lib.load_library()
 
 
@@ -205,7 +206,10 @@ def test_library_loads_from_wheel_and_reads_version(monkeypatch):
     major, minor, patch = lib.version
     assert major == 2 and minor >= 16
     # The version NCCL reports is the wheel's version (2.28.9 -> 2.28.9).
-    assert importlib.metadata.version('nvidia-nccl-cu12').startswith(lib.version_string())
+    name, version = nccl_lib.installed_wheel()
+    assert name in nccl_lib.NCCL_WHEELS
+    assert version == importlib.metadata.version(name)
+    assert version.startswith(lib.version_string())
 
 
 def test_unique_id_and_error_strings_without_gpu(monkeypatch):
@@ -230,7 +234,8 @@ def test_decode_version():
 
 def test_env_path_that_does_not_exist(monkeypatch):
     monkeypatch.setenv(ENV_LIB, '/nonexistent/libnccl.so.2')
-    with pytest.raises(NCCLUnavailable, match=r'/nonexistent/libnccl\.so\.2 does not exist.*nvidia-nccl-cu12'):
+    with pytest.raises(NCCLUnavailable, match=r'/nonexistent/libnccl\.so\.2 does not exist.*'
+                                              r'nvidia-nccl-cu12.*nvidia-nccl-cu13'):
         nccl_lib.load_library()
     ok, why = probe()
     assert not ok and '/nonexistent/libnccl.so.2' in why
@@ -254,8 +259,8 @@ def test_no_library_anywhere(monkeypatch):
     _no_library_anywhere(monkeypatch)
     with pytest.raises(NCCLUnavailable, match=r'libnccl not installed.*pip install theanompi_ext\[gpu\]'):
         nccl_lib.load_library()
-    assert probe() == (False, 'libnccl not installed (pip install nvidia-nccl-cu12, '
-                              'or theanompi_ext[gpu])')
+    assert probe() == (False, 'libnccl not installed (pip install theanompi_ext[gpu], '
+                              'or [gpu-cu13] for CUDA 13)')
     with pytest.raises(NCCLUnavailable, match=r'rank 0: NCCLUnavailable: libnccl not installed'):
         NCCLCommunicator(comm=FakeMPIComm(), cupy=fake_cupy())
 
@@ -277,7 +282,7 @@ def test_probe_no_device_with_fake_cupy(monkeypatch):
 
 
 def test_no_device_with_real_cupy():
-    cupy = pytest.importorskip('cupy', reason='cupy-cuda12x not installed')
+    cupy = pytest.importorskip('cupy', reason='CuPy not installed')
     if probe()[0]:
         pytest.skip('a CUDA device is present; the no-device path cannot be shown here')
     with pytest.raises(NCCLUnavailable, match='no CUDA device visible'):
@@ -445,6 +450,29 @@ def test_start_allreduce_stream_choreography():
     assert cuda.log == [('event_sync', rec_done[1])] and h.done() and h.host_synced
 
 
+def test_stream_priority_without_range_query():
+    """CuPy 14 has no deviceGetStreamPriorityRange: ask beyond any range, CUDA clamps."""
+    cp = fake_cupy()
+    del cp.cuda.runtime.deviceGetStreamPriorityRange
+    assert nccl.greatest_priority(cp) == nccl.PRIORITY_BEYOND_RANGE < -100
+    comm = NCCLCommunicator(comm=FakeMPIComm(), lib=FakeLib(), cupy=cp)
+    assert comm.stream.non_blocking and comm.stream.priority == nccl.PRIORITY_BEYOND_RANGE
+
+
+def test_stream_without_priority_argument():
+    """A CuPy whose Stream takes no priority still gets a non-blocking stream."""
+    cp = fake_cupy()
+    base = cp.cuda.Stream
+
+    class OldStream(base):
+        def __init__(self, non_blocking=False, ptr=None):
+            base.__init__(self, non_blocking=non_blocking, ptr=ptr)
+    cp.cuda.Stream = OldStream
+    comm = NCCLCommunicator(comm=FakeMPIComm(), lib=FakeLib(), cupy=cp)
+    assert isinstance(comm.stream, OldStream)
+    assert comm.stream.non_blocking and comm.stream.priority is None
+
+
 def test_allreduce_blocks_host_and_reports_async_errors():
     comm, cuda, lib, _ = make_comm()
     cuda.log.clear()
@@ -471,7 +499,7 @@ def test_wait_timeout_and_options():
 def test_device_choice_close_abort_describe():
     comm, cuda, lib, mpi = make_comm(ndev=4, device=3)
     assert comm.device == 3 and ('use', 3) in cuda.log
-    assert 'nccl rank 0/1 (NCCL 2.28.9 from fake, cuda:3' in comm.describe()
+    assert 'nccl rank 0/1 (NCCL 2.28.9 from fake, cuda:3, comm stream priority -5' in comm.describe()
     with pytest.raises(NCCLUnavailable, match='rank 0: ValueError: device 2 out of range'):
         make_comm(ndev=2, device=2)
     comm.close()
@@ -551,6 +579,55 @@ def test_two_real_mpi_ranks_fail_together(tmp_path):
         assert ('rank %d device failure raised: NCCL backend unusable on 1 of 2 rank(s): '
                 'rank 1: NCCLUnavailable: no CUDA device' % r) in said
         assert 'rank %d shared GPU refused: NCCL needs one rank per GPU, but ranks 0,1' % r in said
+
+
+# -- the device check script, where no GPU is (CI) ---------------------------------------
+
+def test_device_check_script(tmp_path):
+    """scripts/device_nccl_check.py: all checks pass on a GPU; elsewhere exit 2 with the reason."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          'scripts', 'device_nccl_check.py')
+    report = tmp_path / 'report.json'
+    env = dict(os.environ)
+    env.pop('OUT', None)
+    out = subprocess.run([sys.executable, script, '--json', str(report), '--timeout', '240'],
+                         capture_output=True, text=True, timeout=300, env=env)
+    ok, why = probe()
+    said = json.loads(report.read_text())
+    assert said['status'] == out.returncode, out.stdout + out.stderr
+    if ok:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert 'RESULT all checks passed' in out.stdout
+    else:
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert 'FAIL NCCL backend cannot run here: %s' % why in out.stdout
+        assert out.stdout.rstrip().endswith('RESULT NCCL unavailable')
+        assert said['data']['probe'] == why
+
+
+HANG = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, %(scripts)r)
+    import device_nccl_check
+    from theanompi_ext.collective import nccl
+    def probe():
+        time.sleep(60)          # stands in for a hang in NCCL or MPI init
+    nccl.probe = probe
+    device_nccl_check.main(['--timeout', '1'])
+    print('NOT ENDED')
+""")
+
+
+def test_device_check_script_ends_a_hang(tmp_path):
+    """The watchdog ends the check (exit 1, stacks dumped) when init hangs."""
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts')
+    wrapper = tmp_path / 'hang.py'
+    wrapper.write_text(HANG % {'scripts': scripts})
+    out = subprocess.run([sys.executable, str(wrapper)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert 'NOT ENDED' not in out.stdout
+    assert 'Timeout (0:00:01)!' in out.stderr and 'in probe' in out.stderr
 
 
 # -- exch_strategy mapping and automatic choice ------------------------------------------

@@ -40,10 +40,12 @@ import time
 import numpy as np
 
 from .base import Communicator, Handle, ObjectsOverMPI
+from .world import world_comm
 from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM,
-                       load_library, INSTALL_HINT)
+                       load_library, INSTALL_HINT, SHORT_HINT)
 
-CUPY_HINT = 'pip install cupy-cuda12x, or theanompi_ext[gpu]'
+CUPY_HINT = ('pip install cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13), or '
+             'theanompi_ext[gpu] / [gpu-cu13]')
 SIZE_CHECKS = ('first', 'always', 'off')
 
 
@@ -227,6 +229,28 @@ def check_one_rank_per_gpu(gathered):
                            'CUDA_VISIBLE_DEVICES per rank).' % '; '.join(clashes))
 
 
+class SizeChecked(object):
+    """Cross-rank size checks of the device backends (module docstring).
+
+    Needs ``self.comm``, ``self.size``; :meth:`_init_size_check` sets the rest.
+    """
+
+    def _init_size_check(self, size_check):
+        if size_check not in SIZE_CHECKS:
+            raise ValueError('size_check must be one of %s, got %r' % (SIZE_CHECKS, size_check))
+        self.size_check = size_check
+        self._seen = {}
+
+    def _check_size(self, name, count):
+        if self.size == 1 or self.size_check == 'off':
+            return
+        if self.size_check == 'first' and name is not None and self._seen.get(name) == count:
+            return
+        check_sizes([[entry] for entry in self.comm.allgather((name, count))])
+        if name is not None:
+            self._seen[name] = count
+
+
 # -- helpers ------------------------------------------------------------------
 
 def _import_cupy():
@@ -248,6 +272,24 @@ def _device_count(cp):
         raise NCCLUnavailable('no CUDA device visible to this process '
                               '(check CUDA_VISIBLE_DEVICES)')
     return n
+
+
+# Asked for when CuPy cannot tell the device's range: CUDA clamps a priority
+# outside the range to its nearest end (cudaStreamCreateWithPriority), so
+# this yields the greatest one on any device.
+PRIORITY_BEYOND_RANGE = -1000
+
+
+def greatest_priority(cp):
+    """The stream priority to ask for: the device's greatest (numerically least).
+
+    CuPy <= 13 exposes ``runtime.deviceGetStreamPriorityRange``; CuPy 14
+    does not, and gets :data:`PRIORITY_BEYOND_RANGE`, which CUDA clamps.
+    """
+    query = getattr(cp.cuda.runtime, 'deviceGetStreamPriorityRange', None)
+    if query is None:
+        return PRIORITY_BEYOND_RANGE
+    return query()[1]
 
 
 def _local_rank(comm):
@@ -274,7 +316,7 @@ def probe(_cupy=None):
             lib = load_library()
         except NCCLUnavailable as exc:
             if 'not installed' in str(exc):
-                return False, 'libnccl not installed (pip install nvidia-nccl-cu12, or theanompi_ext[gpu])'
+                return False, 'libnccl not installed (%s)' % SHORT_HINT
             return False, str(exc)
         ver = 'NCCL %s' % lib.version_string()
         try:
@@ -350,19 +392,21 @@ class NCCLHandle(Handle):
 
 # -- communicator ---------------------------------------------------------------
 
-class NCCLCommunicator(ObjectsOverMPI, Communicator):
+class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
     """NCCL allreduce of float32 device buffers; small objects over MPI.
 
     Parameters
     ----------
-    comm : mpi4py communicator (default ``MPI.COMM_WORLD``); its ranks are the NCCL ranks.
+    comm : mpi4py communicator (default ``MPI.COMM_WORLD``; a world of one when
+        mpi4py cannot load MPI outside an MPI launcher, see :mod:`.world`); its
+        ranks are the NCCL ranks.
     device : CUDA ordinal; default: local rank (MPI_COMM_TYPE_SHARED split) modulo
         the visible device count.
     stream : the communication stream (CuPy stream or raw ``cudaStream_t`` int);
-        default: a new non-blocking stream, at the device's highest priority
-        where CuPy's ``Stream`` takes ``priority=`` (so NCCL's blocks are
-        scheduled ahead of queued compute blocks); CuPy 13 has no stream
-        priorities and gets a normal-priority stream.
+        default: a new non-blocking stream, at the device's greatest priority
+        where CuPy's ``Stream`` takes ``priority=`` (CuPy >= 14; so NCCL's
+        blocks are scheduled ahead of queued compute blocks); CuPy 13 has no
+        stream priorities and gets a normal-priority stream.
     size_check : 'first' (default), 'always' or 'off' (see module docstring).
     sync_wait : if True, ``Handle.wait()`` blocks the host by default.
     compute_stream : stream the buffers are produced on (CuPy stream or raw int);
@@ -373,18 +417,12 @@ class NCCLCommunicator(ObjectsOverMPI, Communicator):
 
     def __init__(self, comm=None, device=None, stream=None, size_check='first',
                  sync_wait=False, compute_stream=None, lib=None, cupy=None):
-        if size_check not in SIZE_CHECKS:
-            raise ValueError('size_check must be one of %s, got %r' % (SIZE_CHECKS, size_check))
-        if comm is None:
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
-        self.comm = comm
+        self._init_size_check(size_check)
+        self.comm = comm = comm if comm is not None else world_comm()
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.size_check = size_check
         self.sync_wait = bool(sync_wait)
         self._nccl = None
-        self._seen = {}
         self._inflight = []
         local_rank, _ = _local_rank(comm)   # collective: before anything can fail
 
@@ -452,9 +490,8 @@ class NCCLCommunicator(ObjectsOverMPI, Communicator):
         cp = self._cp
         with cp.cuda.Device(self.device):
             try:
-                _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
-                return cp.cuda.Stream(non_blocking=True, priority=greatest)
-            except (TypeError, AttributeError):   # CuPy without stream priorities
+                return cp.cuda.Stream(non_blocking=True, priority=greatest_priority(cp))
+            except TypeError:   # a CuPy whose Stream takes no priority
                 return cp.cuda.Stream(non_blocking=True)
 
     def _as_stream(self, stream):
@@ -480,14 +517,6 @@ class NCCLCommunicator(ObjectsOverMPI, Communicator):
         for name, count in plan:
             self._seen[name] = count
 
-    def _check_size(self, name, count):
-        if self.size == 1 or self.size_check == 'off':
-            return
-        if self.size_check == 'first' and name is not None and self._seen.get(name) == count:
-            return
-        check_sizes([[entry] for entry in self.comm.allgather((name, count))])
-        if name is not None:
-            self._seen[name] = count
 
     # -- allreduce ----------------------------------------------------------------
     def start_allreduce(self, buf, name=None):
@@ -556,8 +585,11 @@ class NCCLCommunicator(ObjectsOverMPI, Communicator):
             dev = 'cuda:%d' % self.device
         except AttributeError:
             dev = 'no device'
-        return 'nccl rank %d/%d (NCCL %s from %s, %s, size_check=%s)' % (
-            self.rank, self.size, self.lib.version_string(), self.lib.source, dev,
+        # CuPy >= 14 reads the stream's priority back (as clamped by CUDA).
+        prio = getattr(getattr(self, 'stream', None), 'priority', None)
+        prio = '' if prio is None else ', comm stream priority %s' % prio
+        return 'nccl rank %d/%d (NCCL %s from %s, %s%s, size_check=%s)' % (
+            self.rank, self.size, self.lib.version_string(), self.lib.source, dev, prio,
             self.size_check)
 
 

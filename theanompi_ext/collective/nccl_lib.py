@@ -13,8 +13,9 @@ Where the library comes from, first match wins:
    explicit setting beats the wheel so a site build (say, one matched to
    the cluster's InfiniBand plugin) can be chosen even where the wheel is
    installed; a set but missing path is an error, not a silent fallback.
-2. The ``nvidia-nccl-cu12`` wheel (``pip install theanompi_ext[gpu]``):
-   ``<site-packages>/nvidia/nccl/lib/libnccl.so.2``.
+2. The ``nvidia-nccl-cu12`` wheel (``pip install theanompi_ext[gpu]``) or
+   ``nvidia-nccl-cu13`` (``[gpu-cu13]``, for CUDA 13 drivers); both put it
+   at ``<site-packages>/nvidia/nccl/lib/libnccl.so.2``.
 3. ``ctypes.util.find_library('nccl')`` (a system install on the loader path).
 """
 import ctypes
@@ -22,8 +23,12 @@ import ctypes.util
 import os
 
 ENV_LIB = 'THEANOMPI_EXT_NCCL_LIB'
-INSTALL_HINT = ('pip install theanompi_ext[gpu]  (or: pip install nvidia-nccl-cu12), '
-                'or point %s at a libnccl.so.2' % ENV_LIB)
+# The wheels that ship libnccl, by CUDA major version.
+NCCL_WHEELS = ('nvidia-nccl-cu12', 'nvidia-nccl-cu13')
+SHORT_HINT = 'pip install theanompi_ext[gpu], or [gpu-cu13] for CUDA 13'
+INSTALL_HINT = ('pip install theanompi_ext[gpu] (nvidia-nccl-cu12, CUDA 12) or '
+                'theanompi_ext[gpu-cu13] (nvidia-nccl-cu13, CUDA 13), or point %s at '
+                'a libnccl.so.2' % ENV_LIB)
 
 # ncclDataType_t (nccl.h, stable since NCCL 2.0; bfloat16 added in 2.10).
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32 = 0, 1, 2, 3
@@ -62,7 +67,7 @@ class _UniqueId(ctypes.Structure):
 
 
 def wheel_library_path():
-    """Path of ``libnccl.so.2`` inside the installed ``nvidia-nccl-cu12`` wheel, or None."""
+    """Path of ``libnccl.so.2`` inside an installed NCCL wheel (cu12 or cu13), or None."""
     try:
         import nvidia.nccl as pkg   # a namespace package: no __file__, use __path__
     except Exception:
@@ -71,6 +76,17 @@ def wheel_library_path():
         path = os.path.join(root, 'lib', 'libnccl.so.2')
         if os.path.exists(path):
             return path
+    return None
+
+
+def installed_wheel():
+    """``(name, version)`` of the installed NCCL wheel, or None (cu12 first)."""
+    import importlib.metadata
+    for name in NCCL_WHEELS:
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
     return None
 
 
@@ -93,7 +109,7 @@ def find_library():
     if env:
         if not os.path.exists(env):
             raise NCCLUnavailable('%s=%s does not exist; unset it to use the '
-                                  'nvidia-nccl-cu12 wheel (%s)' % (ENV_LIB, env, INSTALL_HINT))
+                                  'NCCL wheel (%s)' % (ENV_LIB, env, INSTALL_HINT))
         return env, 'env'
     path = wheel_library_path()
     if path:
@@ -101,7 +117,7 @@ def find_library():
     path = system_library_path()
     if path:
         return path, 'system'
-    raise NCCLUnavailable('libnccl not installed: no nvidia-nccl-cu12 wheel, %s unset, '
+    raise NCCLUnavailable('libnccl not installed: no NCCL wheel, %s unset, '
                           'and no libnccl on the loader path (%s)' % (ENV_LIB, INSTALL_HINT))
 
 

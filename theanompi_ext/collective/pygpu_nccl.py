@@ -21,7 +21,8 @@ pygpu is not installable from any reachable registry; this class is
 written to the documented API and tested against a fake that mirrors it.
 """
 from .base import Communicator, Handle, ObjectsOverMPI
-from .nccl import check_sizes, float32_device_buffer, SIZE_CHECKS
+from .nccl import SizeChecked, float32_device_buffer
+from .world import world_comm
 
 
 def _comm_int(gpucomm, attr):
@@ -39,9 +40,7 @@ def make_gpucomm(context, comm=None):
     every rank builds ``GpuComm(cid, size, rank)`` (collective).
     """
     from pygpu import collectives
-    if comm is None:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
+    comm = comm if comm is not None else world_comm()
     cid = collectives.GpuCommCliqueId(context=context)
     uid = comm.bcast(bytes(cid.comm_id) if comm.Get_rank() == 0 else None, root=0)
     cid.comm_id = bytearray(uid)
@@ -67,7 +66,7 @@ class PygpuHandle(Handle):
         return self.buf
 
 
-class PygpuNCCLCommunicator(ObjectsOverMPI, Communicator):
+class PygpuNCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
     """Communicator over a pygpu ``GpuComm`` (device sums) and an MPI comm (host objects).
 
     ``gpucomm``: a ``pygpu.collectives.GpuComm`` (see :func:`make_gpucomm`);
@@ -77,11 +76,8 @@ class PygpuNCCLCommunicator(ObjectsOverMPI, Communicator):
     name = 'pygpu-nccl'
 
     def __init__(self, gpucomm, comm=None, size_check='first'):
-        if size_check not in SIZE_CHECKS:
-            raise ValueError('size_check must be one of %s, got %r' % (SIZE_CHECKS, size_check))
-        if comm is None:
-            from mpi4py import MPI
-            comm = MPI.COMM_WORLD
+        self._init_size_check(size_check)
+        comm = comm if comm is not None else world_comm()
         self.gpucomm = gpucomm
         self.comm = comm
         self.rank = _comm_int(gpucomm, 'rank')
@@ -90,17 +86,6 @@ class PygpuNCCLCommunicator(ObjectsOverMPI, Communicator):
             raise ValueError('gpucomm is rank %d of %d but the MPI comm is rank %d of %d; '
                              'build the gpucomm over the same ranks'
                              % (self.rank, self.size, comm.Get_rank(), comm.Get_size()))
-        self.size_check = size_check
-        self._seen = {}
-
-    def _check_size(self, name, count):
-        if self.size == 1 or self.size_check == 'off':
-            return
-        if self.size_check == 'first' and name is not None and self._seen.get(name) == count:
-            return
-        check_sizes([[e] for e in self.comm.allgather((name, count))])
-        if name is not None:
-            self._seen[name] = count
 
     def start_allreduce(self, buf, name=None):
         """Enqueue ``all_reduce(buf, '+', buf)`` on the context stream; return a handle."""

@@ -32,11 +32,10 @@ def create_communicator(name='auto', **options):
 
 
 def _mpi_world_size():
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return 1
-    return MPI.COMM_WORLD.Get_size()
+    # world_comm: one rank when MPI cannot load outside a launcher; an
+    # error naming mpi4py's problem inside one (ranks must not go solo).
+    from .world import world_comm
+    return world_comm().Get_size()
 
 
 def available_backends():

@@ -10,13 +10,7 @@ import signal
 import subprocess
 import sys
 
-# Variables set by the launchers of MPICH (hydra), Open MPI, Slurm and PMIx.
-_RANK_VARS = ('PMI_RANK', 'PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMIX_RANK', 'MPI_LOCALRANKID')
-
-
-def in_mpi_job():
-    """True when this process was started by an MPI launcher."""
-    return any(v in os.environ for v in _RANK_VARS)
+from ..collective.world import in_mpi_job  # noqa: F401  (re-exported for the launchers)
 
 
 def find_mpiexec():

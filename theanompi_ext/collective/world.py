@@ -1,0 +1,73 @@
+"""The ranks a backend runs on: MPI's world, or one process without MPI.
+
+The GPU backends use MPI only to hand rank 0's NCCL unique id to the other
+ranks and for small cross-rank checks. One process on one GPU (a
+workstation, the device check in ``scripts/``) needs neither, and a stock
+GPU image often has mpi4py but no MPI library, so ``from mpi4py import
+MPI`` raises there. :func:`world_comm` then returns a :class:`OneRankWorld`
+instead, unless an MPI launcher started the process: several ranks each
+carrying on alone would train as many separate models, so that is an error.
+"""
+import os
+
+# Variables set by the launchers of MPICH (hydra), Open MPI, Slurm and PMIx.
+LAUNCHER_VARS = ('PMI_RANK', 'PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMIX_RANK',
+                 'MPI_LOCALRANKID')
+
+MPI_HINT = ('install an MPI for mpi4py (pip install mpich) or build mpi4py against '
+            "the site's MPI (README, \"Pinned stack\")")
+
+
+def in_mpi_job(environ=None):
+    """True when an MPI launcher started this process (its variables are set)."""
+    environ = os.environ if environ is None else environ
+    return any(v in environ for v in LAUNCHER_VARS)
+
+
+class OneRankWorld(object):
+    """mpi4py's small-object API for a world of one process, with no MPI library.
+
+    Rank 0 of 1: ``allgather`` returns ``[obj]``, ``bcast`` returns ``obj``,
+    ``Barrier`` does nothing, ``Abort`` ends the process with ``code``.
+    """
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def allgather(self, obj):
+        return [obj]
+
+    def bcast(self, obj, root=0):
+        if root != 0:
+            raise ValueError('bcast root %r in a world of one rank' % (root,))
+        return obj
+
+    def Barrier(self):
+        pass
+
+    def Abort(self, code=1):
+        os._exit(code)
+
+    def __repr__(self):
+        return 'OneRankWorld()'
+
+
+def world_comm():
+    """``MPI.COMM_WORLD``, or a :class:`OneRankWorld` when MPI cannot load.
+
+    Raises ``RuntimeError`` naming mpi4py's error when MPI cannot load but
+    an MPI launcher started this process.
+    """
+    try:
+        from mpi4py import MPI
+        return MPI.COMM_WORLD
+    except Exception as exc:   # ImportError, or mpi4py's "cannot load MPI library"
+        if in_mpi_job():
+            raise RuntimeError('started by an MPI launcher, but mpi4py cannot load MPI '
+                               '(%s: %s); %s' % (type(exc).__name__,
+                                                 str(exc).splitlines()[0] if str(exc) else '',
+                                                 MPI_HINT)) from exc
+        return OneRankWorld()
