@@ -17,6 +17,11 @@ from theanompi_ext.train.config import TrainConfig
     (dict(batch_per_worker=0), 'batch_per_worker'),
     (dict(momentum=1.5), 'momentum'),
     (dict(sync_type='avg', exch_strategy='ar-overlap'), 'overlap exists only'),
+    (dict(decay_epochs=(20, 10)), r'decay_epochs=\(20, 10\).*strictly increasing'),
+    (dict(decay_epochs=(0,)), r'decay_epochs.*>= 1'),
+    (dict(decay_epochs=(10, 10)), r'decay_epochs.*strictly increasing'),
+    (dict(decay_epochs=(2.5,)), r'decay_epochs.*whole epochs'),
+    (dict(decay_epochs='30'), r'decay_epochs.*whole epochs'),
 ])
 def test_invalid_options_rejected(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -45,6 +50,29 @@ def test_cli_rejects_bad_options_with_status_2():
     assert r.returncode == 2 and 'base_lr' in r.stderr
     r = cli('train', '--sync-type', 'swap')
     assert r.returncode == 2 and 'sync_type' in r.stderr
+
+
+def test_decay_epochs_accepted_forms():
+    assert TrainConfig(decay_epochs=[5, 8]).validate().decay_epochs == (5, 8)
+    assert TrainConfig(decay_epochs=()).validate().decay_epochs == ()
+
+
+def test_bad_decay_epochs_refused_before_launch():
+    # Used to pass validation, start mpiexec, and fail on every rank (status 3).
+    r = cli('train', '--workers', '2', '--decay-epochs', '20,10')
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert 'decay_epochs=(20, 10)' in r.stderr and 'strictly increasing' in r.stderr
+    assert 'mpiexec' not in r.stdout + r.stderr
+
+
+def test_minibatch_larger_than_data_is_bad_input():
+    from theanompi_ext.data.shards import iterations_per_epoch
+    from theanompi_ext.train.faults import exit_status, EXIT_BAD_INPUT
+    with pytest.raises(ValueError, match=r'1438 examples, fewer than one minibatch of '
+                                         r'k\*n = 2\*1000 = 2000') as err:
+        iterations_per_epoch(1438, 2, 1000)
+    assert exit_status(err.value) == EXIT_BAD_INPUT
+    assert iterations_per_epoch(1438, 2, 32) == 22
 
 
 def test_config_file_unknown_key_named(tmp_path):

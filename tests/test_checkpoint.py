@@ -104,3 +104,14 @@ def test_missing_checkpoint_named(tmp_path):
     from theanompi_ext.train.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match='no checkpoint'):
         make_trainer(tmp_path).resume()
+
+
+def test_summary_line_without_a_validation_pass():
+    """A run stopped inside its first epoch says so instead of printing nan."""
+    from theanompi_ext.train.worker import format_summary
+    base = dict(workers=2, total_batch=64, iterations=4, wall_s=1.5, step_s_median=0.07)
+    line = format_summary(dict(base, final_val_top1=None, final_val_top5=None))
+    assert line == ('summary: 2 workers, batch 64, 4 iterations in 1.5s (median step 70.0 ms); '
+                    'no validation pass ran')
+    line = format_summary(dict(base, final_val_top1=0.05, final_val_top5=0.01))
+    assert line.endswith('final val top-1 error 0.0500, top-5 error 0.0100')

@@ -235,6 +235,22 @@ def test_trainer_timeline_trace(mpirun, tmp_path):
     meta = {(e['pid'], e['tid']): e['args']['name'] for e in trace['traceEvents']
             if e['ph'] == 'M' and e['name'] == 'thread_name'}
     assert meta[(0, tl.COMPUTE_TID)] == 'compute' and meta[(1, tl.COMM_TID)] == 'comm'
+    # Each chunk carries the exchanged gradients it produces: over one step
+    # they add up to the model's non-BN parameters (BN gamma/beta stay local).
+    from theanompi_ext.model import build_model
+    from theanompi_ext.params import tags_of
+    from theanompi_ext.simulate.model import load_workload
+    net = build_model('digits_cnn', (1, 8, 8), 10, seed=0)
+    exch = [p.get_value().size for p in net.params if 'bn_affine' not in tags_of(p)]
+    chunks = [e for e in xs if e['pid'] == 0 and e['name'].startswith('backward:')]
+    first = chunks[:per_step - 4]
+    assert sum(e['args']['grad_bytes'] for e in first) == 4 * sum(exch)
+    assert sum(e['args']['tensors'] for e in first) == len(exch)
+    # ... which is what the simulator reads as a measured workload.
+    wl = load_workload(prefix + '.json')
+    assert [l.name for l in wl.layers] == [e['name'][len('backward:'):] for e in first]
+    assert wl.grad_bytes == 4 * sum(exch) and wl.tensors == len(exch)
+    assert 'rank 0, median of 2 step(s)' in wl.name and wl.forward_s > 0
 
 
 def test_check_trace_rejects_bad_nesting():

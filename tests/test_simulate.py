@@ -206,6 +206,69 @@ def test_cli_layers_file(tmp_path, capsys):
     assert status == 0 and 0 < float(out.strip().splitlines()[-1]) <= 1
 
 
+def _trace(steps):
+    """A timeline trace: rank 0's and rank 1's steps of forward + two chunks (us)."""
+    ev, t = [], 0.0
+    for pid in (1, 0):
+        for i, (fwd, c0, c1) in enumerate(steps):
+            ev.append({'name': 'step %d' % i, 'ph': 'X', 'pid': pid, 'tid': 0, 'ts': t,
+                       'dur': fwd + c0 + c1 + 10, 'args': {}})
+            ev.append({'name': 'forward', 'ph': 'X', 'pid': pid, 'tid': 0, 'ts': t,
+                       'dur': fwd, 'args': {}})
+            ev.append({'name': 'backward:fc', 'ph': 'X', 'pid': pid, 'tid': 0, 'ts': t + fwd,
+                       'dur': c0, 'args': {'grad_bytes': 40, 'tensors': 2}})
+            ev.append({'name': 'backward:conv1..conv2', 'ph': 'X', 'pid': pid, 'tid': 0,
+                       'ts': t + fwd + c0, 'dur': c1, 'args': {'grad_bytes': 4000, 'tensors': 4}})
+            ev.append({'name': 'bucket0', 'ph': 'X', 'pid': pid, 'tid': 1, 'ts': t + fwd,
+                       'dur': 5, 'args': {'bytes': 4040}})
+            t += 10000.0
+    return {'traceEvents': ev, 'displayTimeUnit': 'ms', 'otherData': {}}
+
+
+def test_layers_from_a_training_timeline(tmp_path, capsys):
+    from theanompi_ext.simulate.trace import layers_from_trace
+    # First step (compilation, first touch) left out; medians of the rest.
+    doc = layers_from_trace(_trace([(900, 900, 900), (100, 10, 200), (120, 30, 260),
+                                    (110, 20, 220)]), source='t')
+    assert doc['forward_s'] == pytest.approx(110e-6)
+    assert doc['layers'] == [
+        {'name': 'fc', 'backward_s': pytest.approx(20e-6), 'grad_bytes': 40, 'tensors': 2},
+        {'name': 'conv1..conv2', 'backward_s': pytest.approx(220e-6), 'grad_bytes': 4000,
+         'tensors': 4}]
+    assert doc['name'] == 't (rank 0, median of 3 step(s))'
+    one = layers_from_trace(_trace([(100, 10, 200)]), source='t', rank=1)
+    assert one['layers'][1]['backward_s'] == pytest.approx(200e-6)
+    f = tmp_path / 'tl.json'
+    f.write_text(json.dumps(_trace([(900, 900, 900), (100, 10, 200)])))
+    wl = load_workload(str(f))
+    assert [l.name for l in wl.layers] == ['fc', 'conv1..conv2']
+    assert wl.forward_s == pytest.approx(100e-6) and wl.grad_bytes == 4040 and wl.tensors == 6
+    status, out, _ = _run(['--layers', str(f), '--gpus', '2', '--algorithm', 'ring'], capsys)
+    assert status == 0 and 'timeline' in out and '2 layers, 6 tensors' in out
+
+
+def test_timeline_without_chunks_refused(tmp_path, capsys):
+    serial = _trace([(100, 10, 200)])
+    for e in serial['traceEvents']:
+        if e['name'].startswith('backward:'):
+            e['name'] = 'forward_backward'
+    f = tmp_path / 'serial.json'
+    f.write_text(json.dumps(serial))
+    with pytest.raises(ValueError, match='no backward chunks for rank 0.*ar-overlap'):
+        load_workload(str(f))
+    status, _, err = _run(['--layers', str(f)], capsys)
+    assert status == 2 and 'no backward chunks' in err
+    old = _trace([(100, 10, 200)])
+    for e in old['traceEvents']:
+        e['args'].pop('grad_bytes', None)
+    f.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="'backward:fc' carries no grad_bytes"):
+        load_workload(str(f))
+    f.write_text(json.dumps({'traceEvents': {}}))
+    with pytest.raises(ValueError, match='traceEvents must be a list'):
+        load_workload(str(f))
+
+
 @pytest.mark.parametrize('argv, needle', [
     (['--bandwidth-gbit', '-5'], '-5'),
     (['--intra-bandwidth-gbit', '0'], 'intra-bandwidth'),

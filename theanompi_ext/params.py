@@ -11,8 +11,11 @@ exchanger and weight decay select them structurally, never by name:
 ``bias``           a bias (Theano-MPI's weight type ``'b'``).
 
 :class:`ParamLayout` lays the trainable parameters end to end in one flat
-float32 vector, in model order; gradients, momentum and the exchange all
-work on vectors of that layout.
+float32 vector, in the order it is given; the trainer gives the exchanged
+parameters in reverse model order, then the local ones
+(:func:`~theanompi_ext.buckets.plan.flat_order`), so buckets are contiguous
+views. Gradients, momentum and the exchange all work on vectors of that
+layout.
 """
 import numpy as np
 

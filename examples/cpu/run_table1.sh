@@ -8,4 +8,5 @@ export THEANOMPI_EXT_CACHE=${THEANOMPI_EXT_CACHE:-$PWD/.cache/theano} OMP_NUM_TH
 exec .venv/bin/theanompi-ext trials --runs "${RUNS:-5}" --settings examples/cpu/table1.settings \
     --workers 2 --model digits_cnn --epochs 30 --base-lr 0.4 --ref-batch 16 \
     --warmup-epochs 5 --decay-epochs 10,20,27 --momentum 0.9 --nesterov \
-    --weight-decay 1e-4 --out "${OUT:-runs/table1}" "$@"
+    --weight-decay 1e-4 --exch-strategy ar --bucket-cap-mb 4 --first-bucket-cap-mb 1 \
+    --out "${OUT:-runs/table1}" "$@"

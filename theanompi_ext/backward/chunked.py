@@ -227,6 +227,9 @@ class ChunkedBackward(object):
         ``time.perf_counter()`` stamps of the last :meth:`run`: the forward
         (``'forward'``) then each chunk (``'backward:<chunk name>'``), for
         the timeline.
+    chunk_params : dict
+        ``'backward:<chunk name>'`` -> flat-layout indices of the gradients
+        the chunk produces (the timeline records their sizes).
     """
 
     def __init__(self, net, params, loss_scale, bn_groups=1,
@@ -317,6 +320,7 @@ class ChunkedBackward(object):
         for c, ch in enumerate(self.chunks):
             ch.release = [s for s in ch.slots if last_use[s] == c and s >= n_in]
         self.chunk_names = [ch.name for ch in self.chunks]
+        self.chunk_params = dict((ch.label, list(ch.param_indices)) for ch in self.chunks)
         self.times = []
 
     def run(self, x, y, grads_flat, layout, on_chunk=None):

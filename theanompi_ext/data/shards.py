@@ -22,8 +22,10 @@ def iterations_per_epoch(n_examples, workers, batch_per_worker):
         raise ValueError('workers and batch size must be positive')
     iters = n_examples // kn
     if iters < 1:
-        raise ValueError('the training set has %d examples, fewer than one minibatch '
+        exc = ValueError('the training set has %d examples, fewer than one minibatch '
                          'of k*n = %d*%d = %d' % (n_examples, workers, batch_per_worker, kn))
+        exc.bad_input = True    # options that do not fit the data: exit status 2
+        raise exc
     return iters
 
 

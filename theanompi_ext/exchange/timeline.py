@@ -24,7 +24,9 @@ wants integers) named by ``"ph": "M"`` ``thread_name`` metadata events:
     ``step <i>`` spans the whole iteration. Nested inside it, in time
     order and without overlapping each other:
     ``forward``, then ``backward:<chunk>`` for each chunk from the output
-    back (chunked backward), or one ``forward_backward`` (monolithic);
+    back (chunked backward; ``args`` carries ``grad_bytes`` and ``tensors``
+    of the exchanged gradients the chunk produces), or one
+    ``forward_backward`` (monolithic);
     ``stats`` (the allreduce of loss/error counts);
     ``wait`` (overlapped exchanger only: waiting for the buckets);
     ``update`` (serial exchanger: the whole bucket exchange plus the
@@ -56,6 +58,21 @@ import numpy as np
 
 COMPUTE_TID, COMM_TID = 0, 1
 LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm'}
+
+
+def chunk_grad_sizes(chunk_params, layout, n_exch_params):
+    """Per backward chunk label, (bytes, tensors) of the *exchanged* gradients it produces.
+
+    ``chunk_params``: the chunked backward's label -> flat-layout indices;
+    indices below ``n_exch_params`` are exchanged (the flat order puts the
+    local BN gamma/beta last).
+    """
+    out = {}
+    for label, idx in chunk_params.items():
+        exch = [i for i in idx if i < n_exch_params]
+        out[label] = (sum(layout.sizes[i] * np.dtype(layout.dtypes[i]).itemsize for i in exch),
+                      len(exch))
+    return out
 
 
 class StepRecord(object):
@@ -92,6 +109,9 @@ class Timeline(object):
         self.rank = int(rank)
         self.max_steps = int(max_steps)
         self.steps = []
+        # Backward chunk label -> (bytes, tensors) of exchanged gradients
+        # (chunk_grad_sizes); set by the trainer, written into the trace.
+        self.chunk_grads = {}
 
     def record_step(self, iteration, t_begin, t_end, compute, phases, handles):
         """Add one iteration.
@@ -134,7 +154,12 @@ class Timeline(object):
         for s in self.steps:
             ev.append(_x('step %d' % s.iteration, self.rank, COMPUTE_TID, s.t_begin, s.t_end,
                          exposed_comm_us=1e6 * s.exposed_comm))
-            for name, t0, t1 in s.compute + s.phases:
+            for name, t0, t1 in s.compute:
+                grads = self.chunk_grads.get(name)
+                ev.append(_x(name, self.rank, COMPUTE_TID, t0, t1) if grads is None else
+                          _x(name, self.rank, COMPUTE_TID, t0, t1,
+                             grad_bytes=grads[0], tensors=grads[1]))
+            for name, t0, t1 in s.phases:
                 ev.append(_x(name, self.rank, COMPUTE_TID, t0, t1))
             for name, tq, t0, t1, nbytes in s.comm:
                 ev.append(_x(name, self.rank, COMM_TID, t0, t1, bytes=nbytes,

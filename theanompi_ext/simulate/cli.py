@@ -37,8 +37,8 @@ def register(subparsers):
                           'unless --layers is given)')
     src.add_argument('--layers', metavar='FILE.json',
                      help='per-layer backward times and gradient sizes, output '
-                          'layer first (see docs/simulator.md); replaces the '
-                          "preset's layers")
+                          'layer first, or the PREFIX.json of train --timeline '
+                          "(see docs/simulator.md); replaces the preset's layers")
     src.add_argument('--forward-ms', type=float,
                      help='forward time per step (default: the preset\'s or the '
                           "file's, else half the backward time)")

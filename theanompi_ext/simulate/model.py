@@ -133,8 +133,9 @@ def parse_layers(entries, source='layers'):
 def load_workload(path, forward_s=None):
     """Read a layers JSON file into a :class:`Workload`.
 
-    The file is either a list of layers, or an object ``{"layers": [...],
-    "forward_s": ..., "per_worker_batch": ..., "name": ...}``. ``forward_s``
+    The file is either a list of layers, an object ``{"layers": [...],
+    "forward_s": ..., "per_worker_batch": ..., "name": ...}``, or the Chrome
+    trace of ``train --timeline`` (see :mod:`.trace`). ``forward_s``
     given here wins over the file's; with neither, forward is taken as half
     the backward time (the ratio the goyal2017 preset uses) and the returned
     workload's name says so.
@@ -147,6 +148,9 @@ def load_workload(path, forward_s=None):
     except json.JSONDecodeError as exc:
         raise ValueError('layers file %r is not valid JSON: %s' % (path, exc)) from None
     name, batch, file_fwd = str(path), None, None
+    from .trace import is_trace, layers_from_trace
+    if is_trace(doc):    # a training timeline: its chunks are the layers
+        doc = layers_from_trace(doc, source='timeline %r' % (path,))
     if isinstance(doc, dict):
         unknown = set(doc) - {'layers', 'forward_s', 'per_worker_batch', 'name'}
         if unknown:

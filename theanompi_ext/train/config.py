@@ -89,6 +89,14 @@ class TrainConfig(object):
             bad('exch_strategy', 'overlap exists only for sync_type=kn')
         if not 0 < self.decay_factor <= 1:
             bad('decay_factor', 'must be in (0, 1]')
+        if isinstance(self.decay_epochs, list):
+            self.decay_epochs = tuple(self.decay_epochs)
+        d = self.decay_epochs
+        if not isinstance(d, tuple) or any(
+                not isinstance(e, int) or isinstance(e, bool) or e < 1 for e in d) \
+                or any(a >= b for a, b in zip(d, d[1:])):
+            bad('decay_epochs', 'must be strictly increasing whole epochs >= 1, '
+                'e.g. 30,60,80 (empty: no decay)')
         if self.bucket_cap_mb <= 0 or self.first_bucket_cap_mb <= 0:
             bad('bucket_cap_mb', 'bucket caps must be > 0')
         if self.max_steps < 0:

@@ -98,8 +98,11 @@ class Trainer(object):
         self.iteration = 0
         self.timeline = None
         if cfg.timeline:
-            from ..exchange.timeline import Timeline
+            from ..exchange.timeline import Timeline, chunk_grad_sizes
             self.timeline = Timeline(comm.rank)
+            if hasattr(self.backward, 'chunk_params'):
+                self.timeline.chunk_grads = chunk_grad_sizes(
+                    self.backward.chunk_params, self.layout, n_exch_params)
         self._stats = np.zeros(3, np.float32)
         self._evaluator = None
         self.history = []

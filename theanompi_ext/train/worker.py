@@ -67,13 +67,15 @@ def write_outputs(cfg, summary, trainer):
 
 def format_summary(s):
     """The closing lines of a run."""
-    nan = float('nan')
-    top1 = nan if s['final_val_top1'] is None else s['final_val_top1']
-    top5 = nan if s['final_val_top5'] is None else s['final_val_top5']
-    return ('summary: %d workers, batch %d, %d iterations in %.1fs (median step %.1f ms); '
-            'final val top-1 error %.4f, top-5 error %.4f' % (
-                s['workers'], s['total_batch'], s['iterations'], s['wall_s'],
-                1000 * (s['step_s_median'] or 0), top1, top5))
+    if s['final_val_top1'] is None:
+        # e.g. --max-steps ended the run inside its first epoch
+        val = 'no validation pass ran'
+    else:
+        val = 'final val top-1 error %.4f, top-5 error %.4f' % (
+            s['final_val_top1'], s['final_val_top5'])
+    return ('summary: %d workers, batch %d, %d iterations in %.1fs (median step %.1f ms); %s'
+            % (s['workers'], s['total_batch'], s['iterations'], s['wall_s'],
+               1000 * (s['step_s_median'] or 0), val))
 
 
 def main(argv=None):
