@@ -336,7 +336,7 @@ def measure_model(comm, name, spec):
     from ..model import build_model
     from ..train.config import TrainConfig
     from ..train.trainer import Trainer
-    from ..exchange.timeline import Timeline, write_trace, chunk_grad_sizes
+    from ..exchange.timeline import write_trace
     shape, n, k = tuple(spec['input_shape']), spec['batch'], comm.size
     data = synthetic_dataset(shape, 4 * n * k)
     opts = dict(model=name, batch_per_worker=n, epochs=1, warmup='none', base_lr=0.01,
@@ -369,9 +369,7 @@ def measure_model(comm, name, spec):
     for mode in MODES:          # warm-up: first calls allocate and fault pages
         comm.barrier()
         run[mode]()
-    serial.timeline, overlap.timeline = Timeline(comm.rank), Timeline(comm.rank)
-    overlap.timeline.chunk_grads = chunk_grad_sizes(   # the trace feeds `simulate --layers`
-        overlap.backward.chunk_params, overlap.layout, overlap.n_exch_params)
+    serial.timeline, overlap.timeline = serial.make_timeline(), overlap.make_timeline()
     times = {m: [] for m in MODES}
     cpu = {m: [0.0, 0.0] for m in MODES}
     for rep in range(spec['reps']):

@@ -517,7 +517,6 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         for name, count in plan:
             self._seen[name] = count
 
-
     # -- allreduce ----------------------------------------------------------------
     def start_allreduce(self, buf, name=None):
         """Enqueue an in-place float32 sum of ``buf`` on the comm stream; see module docstring."""

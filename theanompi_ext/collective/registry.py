@@ -1,4 +1,5 @@
 """Backend registry: name -> constructor, and what is available here."""
+from .world import world_comm
 
 
 def _local(**kw):
@@ -34,7 +35,6 @@ def create_communicator(name='auto', **options):
 def _mpi_world_size():
     # world_comm: one rank when MPI cannot load outside a launcher; an
     # error naming mpi4py's problem inside one (ranks must not go solo).
-    from .world import world_comm
     return world_comm().Get_size()
 
 

@@ -61,7 +61,8 @@ LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm'}
 
 
 def chunk_grad_sizes(chunk_params, layout, n_exch_params):
-    """Per backward chunk label, (bytes, tensors) of the *exchanged* gradients it produces.
+    """Per backward chunk label, ``{'grad_bytes', 'tensors'}`` of the *exchanged*
+    gradients it produces (the ``args`` of its trace events).
 
     ``chunk_params``: the chunked backward's label -> flat-layout indices;
     indices below ``n_exch_params`` are exchanged (the flat order puts the
@@ -70,8 +71,9 @@ def chunk_grad_sizes(chunk_params, layout, n_exch_params):
     out = {}
     for label, idx in chunk_params.items():
         exch = [i for i in idx if i < n_exch_params]
-        out[label] = (sum(layout.sizes[i] * np.dtype(layout.dtypes[i]).itemsize for i in exch),
-                      len(exch))
+        out[label] = {'grad_bytes': sum(layout.sizes[i] * np.dtype(layout.dtypes[i]).itemsize
+                                        for i in exch),
+                      'tensors': len(exch)}
     return out
 
 
@@ -109,8 +111,8 @@ class Timeline(object):
         self.rank = int(rank)
         self.max_steps = int(max_steps)
         self.steps = []
-        # Backward chunk label -> (bytes, tensors) of exchanged gradients
-        # (chunk_grad_sizes); set by the trainer, written into the trace.
+        # Backward chunk label -> args of its events (chunk_grad_sizes);
+        # set by the trainer, written into the trace.
         self.chunk_grads = {}
 
     def record_step(self, iteration, t_begin, t_end, compute, phases, handles):
@@ -154,13 +156,9 @@ class Timeline(object):
         for s in self.steps:
             ev.append(_x('step %d' % s.iteration, self.rank, COMPUTE_TID, s.t_begin, s.t_end,
                          exposed_comm_us=1e6 * s.exposed_comm))
-            for name, t0, t1 in s.compute:
-                grads = self.chunk_grads.get(name)
-                ev.append(_x(name, self.rank, COMPUTE_TID, t0, t1) if grads is None else
-                          _x(name, self.rank, COMPUTE_TID, t0, t1,
-                             grad_bytes=grads[0], tensors=grads[1]))
-            for name, t0, t1 in s.phases:
-                ev.append(_x(name, self.rank, COMPUTE_TID, t0, t1))
+            for name, t0, t1 in s.compute + s.phases:
+                ev.append(_x(name, self.rank, COMPUTE_TID, t0, t1,
+                             **self.chunk_grads.get(name, {})))
             for name, tq, t0, t1, nbytes in s.comm:
                 ev.append(_x(name, self.rank, COMM_TID, t0, t1, bytes=nbytes,
                              queued_us=1e6 * (t0 - tq), step=s.iteration))

@@ -96,18 +96,23 @@ class Trainer(object):
                                  cfg.ref_batch, cfg.warmup, cfg.warmup_epochs, cfg.decay_epochs,
                                  cfg.decay_factor, workers=k * bn_groups)
         self.iteration = 0
-        self.timeline = None
-        if cfg.timeline:
-            from ..exchange.timeline import Timeline, chunk_grad_sizes
-            self.timeline = Timeline(comm.rank)
-            if hasattr(self.backward, 'chunk_params'):
-                self.timeline.chunk_grads = chunk_grad_sizes(
-                    self.backward.chunk_params, self.layout, n_exch_params)
+        self.timeline = self.make_timeline() if cfg.timeline else None
         self._stats = np.zeros(3, np.float32)
         self._evaluator = None
         self.history = []
 
     # -- construction --------------------------------------------------------
+    def make_timeline(self):
+        """A :class:`~theanompi_ext.exchange.timeline.Timeline` of this rank whose
+        trace carries each backward chunk's exchanged gradient sizes (what
+        ``simulate --layers`` reads)."""
+        from ..exchange.timeline import Timeline, chunk_grad_sizes
+        timeline = Timeline(self.comm.rank)
+        if hasattr(self.backward, 'chunk_params'):
+            timeline.chunk_grads = chunk_grad_sizes(self.backward.chunk_params, self.layout,
+                                                    self.n_exch_params)
+        return timeline
+
     def _build_backward(self, bn_groups):
         from ..backward.monolithic import MonolithicBackward
         scale = 1.0 / self.total_batch
