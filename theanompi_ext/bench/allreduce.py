@@ -48,15 +48,18 @@ def register(sub):
     """Add ``bench allreduce`` to the ``bench`` sub-parsers."""
     p = sub.add_parser('allreduce', help='our allreduce vs raw mpi4py Allreduce (starts mpiexec)',
                        description=__doc__.split('\n\n')[0])
-    p.add_argument('--ranks', type=int, default=2, help='ranks to start (default 2)')
+    p.add_argument('--ranks', type=int, default=2, metavar='K',
+                   help='k, the MPI ranks to start (default 2)')
     p.add_argument('--sizes', default=None, metavar='LIST',
-                   help='comma-separated byte counts, suffixes K/M allowed '
+                   help='message sizes to measure, comma-separated bytes, suffixes K/M '
+                        'allowed '
                         '(default 4K,16K,...,64M: powers of 4)')
-    p.add_argument('--reps', type=int, default=15,
+    p.add_argument('--reps', type=int, default=15, metavar='N',
                    help='repetitions of the alternating blocks (default %(default)s)')
-    p.add_argument('--block-ms', type=float, default=20.0,
+    p.add_argument('--block-ms', type=float, default=20.0, metavar='MS',
                    help='target length of a timed block (default %(default)s ms)')
-    p.add_argument('--quick', action='store_true', help='3 sizes up to 1 MB, 3 repetitions')
+    p.add_argument('--quick', action='store_true',
+                   help='a quick look: 3 sizes up to 1 MB, 3 repetitions')
     add_common_options(p, '1gbit', 1800.0)
     p.set_defaults(func=main)
 

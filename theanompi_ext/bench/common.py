@@ -8,11 +8,13 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
                        timeout_what='a setting'):
     """Add ``--network``, ``--json`` and ``--timeout`` to benchmark parser ``p``."""
     p.add_argument('--network', action='append', default=None, metavar='NET',
-                   help="'shm' (default) or 'tbf:RATE', e.g. tbf:%s (needs root); repeatable"
-                        % network_example)
+                   help="network between the ranks: 'shm' (shared memory, default) or "
+                        "'tbf:RATE', TCP in a network namespace shaped to RATE, e.g. tbf:%s (needs root); repeat to "
+                        "measure several" % network_example)
     p.add_argument('--json', default='', metavar='FILE', type=output_path, help=json_help)
-    p.add_argument('--timeout', type=float, default=timeout_s,
-                   help='seconds before %s is stopped (default %%(default)s)' % timeout_what)
+    p.add_argument('--timeout', type=float, default=timeout_s, metavar='S',
+                   help='%s still running after this many seconds is stopped (default '
+                        '%%(default)s)' % timeout_what)
 
 
 def rank_main(spec_path, measure):

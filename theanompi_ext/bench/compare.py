@@ -80,26 +80,31 @@ def register(sub):
     """Add ``bench compare`` to the ``bench`` sub-parsers."""
     p = sub.add_parser('compare', help='our exchangers vs PyTorch DDP, same model and ranks',
                        description=__doc__.split('\n\n')[0])
-    p.add_argument('--models', default=','.join(DEFAULT_MODELS),
+    p.add_argument('--models', default=','.join(DEFAULT_MODELS), metavar='LIST',
                    help='comma-separated, from %s (default %%(default)s)'
                         % ', '.join(sorted(MODEL_SPECS)))
-    p.add_argument('--ranks', type=int, default=2, help='ranks (default 2)')
-    p.add_argument('--batch', type=int, default=32, help='examples per rank (default 32)')
-    p.add_argument('--threads', type=int, default=1,
+    p.add_argument('--ranks', type=int, default=2, metavar='K',
+                   help='k, the MPI ranks to start (default 2)')
+    p.add_argument('--batch', type=int, default=32, metavar='N',
+                   help='n, examples per rank per step (default 32)')
+    p.add_argument('--threads', type=int, default=1, metavar='N',
                    help='compute threads per rank, both projects (default 1)')
     # One step per block: the modes interleave as finely as possible, so a
     # burst of outside load on a shared machine hits every mode alike.
-    p.add_argument('--steps', type=int, default=1, help='timed steps per block (default 1)')
-    p.add_argument('--reps', type=int, default=12,
+    p.add_argument('--steps', type=int, default=1, metavar='N',
+                   help='timed steps per block, iterations (default 1)')
+    p.add_argument('--reps', type=int, default=12, metavar='N',
                    help='alternating blocks per mode in one job (default 12)')
-    p.add_argument('--warmup', type=int, default=2, help='untimed steps per mode (default 2)')
-    p.add_argument('--launches', type=int, default=2,
+    p.add_argument('--warmup', type=int, default=2, metavar='N',
+                   help='untimed steps per mode before the timed ones (default 2)')
+    p.add_argument('--launches', type=int, default=2, metavar='N',
                    help='jobs per system and setting, alternating ours/DDP (default 2)')
     p.add_argument('--ddp-bucket-cap-mb', default='25', metavar='LIST',
                    help="DDP's bucket_cap_mb; a comma-separated list measures one DDP "
                         "system per value (default 25, DDP's own default; ours is %g, "
                         "first %g)" % (DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB))
-    p.add_argument('--no-ddp', action='store_true', help='measure only this project')
+    p.add_argument('--no-ddp', action='store_true',
+                   help='measure only this project, not PyTorch DDP')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs, batch 8), 1 job, few steps')
     add_common_options(p, '1gbit', 3600.0, json_help='write one object per system and setting to FILE', timeout_what='one job')

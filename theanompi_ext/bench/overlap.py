@@ -63,24 +63,32 @@ def register(sub):
     """Add ``bench overlap`` to the ``bench`` sub-parsers."""
     p = sub.add_parser('overlap', help='serial vs overlapped exchange at 2 ranks (starts mpiexec)',
                        description=__doc__.split('\n\n')[0])
-    p.add_argument('--models', default=','.join(DEFAULT_MODELS),
-                   help='comma-separated model names (default %(default)s)')
-    p.add_argument('--workers', type=int, default=2, help='ranks (default 2)')
-    p.add_argument('--steps', type=int, default=4, help='timed steps per block (default 4)')
-    p.add_argument('--reps', type=int, default=3,
+    p.add_argument('--models', default=','.join(DEFAULT_MODELS), metavar='LIST',
+                   help='comma-separated names from the model zoo (train --help lists '
+                        'them) (default %(default)s)')
+    p.add_argument('--workers', type=int, default=2, metavar='K',
+                   help='k, the MPI ranks to start (default 2)')
+    p.add_argument('--steps', type=int, default=4, metavar='N',
+                   help='timed steps per block, iterations (default 4)')
+    p.add_argument('--reps', type=int, default=3, metavar='N',
                    help='repetitions of the alternating blocks (default 3)')
-    p.add_argument('--batch', type=int, default=32, help='examples per rank (default 32)')
-    p.add_argument('--bucket-cap-mb', type=float, default=None, help='bucket cap (MB)')
-    p.add_argument('--first-bucket-cap-mb', type=float, default=None, help='first bucket cap (MB)')
+    p.add_argument('--batch', type=int, default=32, metavar='N',
+                   help='n, examples per rank per step (default 32)')
+    p.add_argument('--bucket-cap-mb', type=float, default=None, metavar='MB',
+                   help='size cap of one allreduce bucket, MB (default: as train)')
+    p.add_argument('--first-bucket-cap-mb', type=float, default=None, metavar='MB',
+                   help='size cap of the first bucket, MB (default: as train)')
     p.add_argument('--comm-thread', default=None, metavar='POLICY',
                    help="the communication thread: 'normal', 'nice:N' or 'idle' "
                         "(SCHED_IDLE) priority; 'block' (a blocking Allreduce) or 'poll:US' "
                         "(Iallreduce tested with sleeps up to US microseconds) wait; "
                         "default: the MPI backend's defaults")
     p.add_argument('--mpi-env', action='append', default=[], metavar='KEY=VALUE',
-                   help='extra environment for the ranks (e.g. MPICH CVARs); repeatable')
-    p.add_argument('--max-chunks', type=int, default=None,
-                   help='merge the backward into at most this many chunks')
+                   help='extra environment variable for the ranks (e.g. an MPICH CVAR); '
+                        'repeat for several')
+    p.add_argument('--max-chunks', type=int, default=None, metavar='N',
+                   help='merge the backward into at most this many chunks (default: one '
+                        'per layer with parameters)')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs), 2 steps x 2 repetitions')
     p.add_argument('--timeline', default='', metavar='PREFIX', type=output_path,

@@ -221,15 +221,21 @@ def register(subparsers):
         description='Convert an image folder (one sub-folder per class) to the '
                     'HDF5 layout of theanompi_ext.data.hdf5. SRC = %s writes the '
                     'embedded digits data set.' % DIGITS_SOURCE)
-    p.add_argument('src', metavar='SRC', help='image folder, or %s' % DIGITS_SOURCE)
-    p.add_argument('out', metavar='OUT', help='output .h5 file')
-    p.add_argument('--size', type=_parse_size, default=(32, 32),
-                   help='output size N or HxW (default 32)')
-    p.add_argument('--val-fraction', type=float, default=None,
-                   help='fraction of each class held out (default 0.1; 0.2 for digits)')
-    p.add_argument('--seed', type=int, default=0, help='split seed (default 0)')
+    p.add_argument('src', metavar='SRC',
+                   help='image folder with one sub-folder per class, or %s for the '
+                        'built-in digits' % DIGITS_SOURCE)
+    p.add_argument('out', metavar='OUT', help='the HDF5 file to write (.h5)')
+    p.add_argument('--size', type=_parse_size, default=(32, 32), metavar='N|HxW',
+                   help='side (N) or height x width of the stored images, pixels '
+                        '(default 32)')
+    p.add_argument('--val-fraction', type=float, default=None, metavar='FRACTION',
+                   help='fraction of each class held out for validation, in [0, 1) '
+                        '(default 0.1; 0.2 for digits)')
+    p.add_argument('--seed', type=int, default=0, metavar='N',
+                   help='random seed of the train/validation split (default 0)')
     p.add_argument('--channels', type=int, choices=(1, 3), default=3,
-                   help='3 = RGB, 1 = grey (default 3)')
+                   help='colour channels stored, one of %(choices)s: 3 = RGB, 1 = grey '
+                        '(default 3)')
     p.set_defaults(func=run)
     return p
 

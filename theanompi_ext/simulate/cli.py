@@ -40,37 +40,49 @@ def register(subparsers):
                           'layer first, or the PREFIX.json of train --timeline '
                           "(see docs/simulator.md); replaces the preset's layers")
     src.add_argument('--forward-ms', type=float,
-                     help='forward time per step (default: the preset\'s or the '
-                          "file's, else half the backward time)")
+                     metavar='MS',
+                     help='forward time per step, milliseconds (default: the preset\'s '
+                          "or the file's, else half the backward time)")
     net = p.add_argument_group('cluster')
     net.add_argument('--gpus', metavar='K[,K...]',
                      help='worker counts, e.g. 8,16,32 (default: the preset\'s)')
-    net.add_argument('--gpus-per-node', type=int, help='GPUs per server (G)')
+    net.add_argument('--gpus-per-node', type=int, metavar='G',
+                     help='GPUs per server, G (default: the preset\'s)')
     net.add_argument('--algorithm', choices=('ring', 'rhd', 'hierarchical'),
                      help='allreduce: ring, recursive halving/doubling, or hierarchical '
                           '(intra-node reduce, rhd among servers, intra-node broadcast)')
-    net.add_argument('--bandwidth-gbit', type=float, help='inter-node bandwidth, Gbit/s')
-    net.add_argument('--latency-us', type=float, help='inter-node latency per step, us')
+    net.add_argument('--bandwidth-gbit', type=float, metavar='GBIT',
+                     help='bandwidth between servers, Gbit/s (default: the preset\'s)')
+    net.add_argument('--latency-us', type=float, metavar='US',
+                     help='latency between servers per allreduce step, microseconds '
+                          '(default: the preset\'s)')
     net.add_argument('--intra-bandwidth-gbit', type=float,
-                     help='intra-node (NVLink/PCIe) bandwidth, Gbit/s')
-    net.add_argument('--intra-latency-us', type=float, help='intra-node latency per step, us')
+                     metavar='GBIT',
+                     help='bandwidth inside a server (NVLink/PCIe), Gbit/s (default: the '
+                          'preset\'s)')
+    net.add_argument('--intra-latency-us', type=float, metavar='US',
+                     help='latency inside a server per allreduce step, microseconds '
+                          '(default: the preset\'s)')
     ex = p.add_argument_group('exchange')
-    ex.add_argument('--bucket-mb', type=float,
-                    help='bucket cap in MiB for the overlapped exchange; 0 = one '
-                         'allreduce per parameter tensor')
+    ex.add_argument('--bucket-mb', type=float, metavar='MIB',
+                    help='bucket cap of the overlapped exchange, MiB; 0 = one allreduce '
+                         'per parameter tensor (default: the preset\'s, else %g)' % DEFAULT_BUCKET_MB)
     ex.add_argument('--overlap', dest='overlap', action='store_true', default=None,
                     help='report the overlapped exchange (default unless the preset is serial)')
     ex.add_argument('--no-overlap', dest='overlap', action='store_false',
                     help="report Theano-MPI's serial exchange: one allreduce per "
                          'tensor after backward')
     ex.add_argument('--barrier', action='store_true',
-                    help='add a barrier to the serial exchange')
-    ex.add_argument('--baseline-gpus', type=int,
+                    help='add a barrier to the serial exchange, one more collective per '
+                         'step')
+    ex.add_argument('--baseline-gpus', type=int, metavar='K',
                     help='efficiency is relative to this many GPUs (default: the '
                          "preset's, else 1)")
     out = p.add_argument_group('output')
-    out.add_argument('--plot', metavar='FILE.png', type=output_path, help='efficiency vs k, overlap on/off')
-    out.add_argument('--json', metavar='FILE', type=output_path, help='write the results as JSON')
+    out.add_argument('--plot', metavar='FILE.png', type=output_path,
+                     help='write a plot of the efficiency against k, overlap on and off')
+    out.add_argument('--json', metavar='FILE', type=output_path,
+                     help='write the results as JSON to FILE')
     p.set_defaults(func=main)
 
 

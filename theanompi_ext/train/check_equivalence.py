@@ -83,13 +83,30 @@ def register(sub):
     """Add the ``check-equivalence`` sub-command."""
     p = sub.add_parser('check-equivalence',
                        help='k ranks vs one process on the same kn examples')
-    p.add_argument('--workers', type=int, default=2)
-    p.add_argument('--steps', type=int, default=30)
-    p.add_argument('--batch', type=int, default=16, help='n, examples per worker')
-    p.add_argument('--model', default='digits_cnn')
-    p.add_argument('--lr', type=float, default=0.1)
-    p.add_argument('--epochs', type=int, default=4)
-    p.add_argument('--subset', type=int, default=256, help='training examples used')
-    p.add_argument('--exch-strategy', default='ar', choices=['ar', 'ar-overlap'])
-    p.add_argument('--timeout', type=float, default=600)
+    from .options import ModelNames
+    p.add_argument('--workers', type=int, default=2, metavar='K',
+                   help='k, ranks of the distributed run (default %(default)s)')
+    p.add_argument('--steps', type=int, default=30, metavar='N',
+                   help='SGD steps of each run, iterations (default %(default)s)')
+    p.add_argument('--batch', type=int, default=16, metavar='N',
+                   help='n, examples per worker per step; the one process takes k x n and '
+                        'this is also the reference batch (default %(default)s)')
+    p.add_argument('--model', default='digits_cnn', choices=ModelNames(), metavar='NAME',
+                   help='network of both runs, one of %(choices)s (default %(default)s)')
+    p.add_argument('--lr', type=float, default=0.1, metavar='LR',
+                   help='learning rate after the one-epoch gradual warm-up (default '
+                        '%(default)s)')
+    p.add_argument('--epochs', type=int, default=4, metavar='EPOCHS',
+                   help='length of the schedule, epochs: the rate decays at its last one; '
+                        '--steps may end the runs earlier (default %(default)s)')
+    p.add_argument('--subset', type=int, default=256, metavar='N',
+                   help='training examples used, the first N of the digits '
+                        '(default %(default)s)')
+    p.add_argument('--exch-strategy', default='ar', choices=['ar', 'ar-overlap'],
+                   help='how the distributed run exchanges, one of %(choices)s: one '
+                        'allreduce after the backward, or buckets during it (default '
+                        '%(default)s)')
+    p.add_argument('--timeout', type=float, default=600, metavar='S',
+                   help='the distributed run is stopped after this many seconds '
+                        '(default %(default)s)')
     p.set_defaults(func=main)

@@ -4,24 +4,83 @@
   command (with ``--hostfile`` for several machines) and returns its status.
 * Inside an mpiexec the user started: every rank trains.
 """
+import argparse
 import json
 import os
 import sys
 import tempfile
 
 from . import options
+from .progress import STDOUT_TTY_VAR
+
+
+EXAMPLES = """examples:
+  # the CPU demo: 2 workers x 32 on the built-in digits, warm-up to 0.05 x 64/32
+  theanompi-ext train --workers 2 --model digits_cnn --epochs 8 --batch-per-worker 32 \\
+      --base-lr 0.05 --ref-batch 32 --warmup-epochs 2 --decay-epochs 6 --out runs/demo
+  # the paper's ResNet-50 recipe (kn = 8 x 32 = 256), plan only: nothing is launched
+  theanompi-ext train --workers 8 --model resnet50 --data imagenet.h5 --crop 224 \\
+      --epochs 90 --batch-per-worker 32 --decay-epochs 30,60,80 --dry-run
+"""
+
+
+def add_launch_arguments(p):
+    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` (train and trials)."""
+    g = p.add_argument_group('launch')
+    g.add_argument('--workers', type=int, default=1, metavar='K',
+                   help='k, the ranks to start when not already inside mpiexec (default 1)')
+    g.add_argument('--hostfile', default=None, metavar='FILE',
+                   help='MPI host file, to place the ranks on several machines (default: '
+                        'all on this one)')
+    g.add_argument('--config', default=None, metavar='FILE',
+                   help='key=value file of training options (Theano-MPI session style); '
+                        'options on the command line override it')
+    g.add_argument('--dry-run', action='store_true',
+                   help='resolve every option, print the plan (batch, iterations, '
+                        'learning rates, exchange, outputs) and warnings, launch nothing')
+    return g
 
 
 def register(sub):
     """Add the ``train`` sub-command."""
-    p = sub.add_parser('train', help='train a model with k workers (launches mpiexec)')
-    p.add_argument('--workers', type=int, default=1,
-                   help='ranks to start when not already inside mpiexec (default 1)')
-    p.add_argument('--hostfile', default=None, help='MPI host file for several machines')
-    p.add_argument('--config', default=None,
-                   help='key=value file (Theano-MPI session style); options override it')
+    p = sub.add_parser('train', help='train a model with k workers (launches mpiexec)',
+                       description='Data-parallel synchronous SGD with the recipe of Goyal '
+                                   'et al. 2017: every option below, with its unit.',
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_launch_arguments(p)
     options.add_config_arguments(p)
     p.set_defaults(func=main)
+
+
+def launcher_rank_size(environ=None):
+    """``(rank, size)`` of this process in an MPI job (from the launcher's
+    variables, without starting MPI); ``(0, None)`` outside one."""
+    env = os.environ if environ is None else environ
+    rank = size = None
+    for var in ('PMI_RANK', 'OMPI_COMM_WORLD_RANK', 'PMIX_RANK'):
+        if var in env:
+            rank = int(env[var])
+            break
+    for var in ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE'):
+        if var in env:
+            size = int(env[var])
+            break
+    return rank or 0, size
+
+
+def before_launch(cfg, workers, hostfile, dry_run, out=None, label=''):
+    """Print the warnings (and with ``dry_run`` the plan) of ``cfg`` on ``workers``
+    ranks; the cores rule applies only when every rank runs on this machine.
+    ``label`` (a trials setting's name) starts each warning."""
+    from . import advice
+    from .plan import resolve_plan, format_plan
+    out = out or sys.stdout
+    if dry_run:
+        out.write(format_plan(resolve_plan(cfg, workers)) + '\n')
+        out.flush()
+    cores = None if hostfile else advice.machine_cores()
+    advice.print_warnings(advice.check(cfg, workers, cores),
+                          prefix='theanompi-ext: warning: %s' % (label + ': ' if label else ''))
 
 
 def main(args):
@@ -37,6 +96,19 @@ def main(args):
         return 2
     from ..launch import in_mpi_job, mpiexec_command
     from ..launch.mpiexec import child_env
+    if in_mpi_job():
+        rank, size = launcher_rank_size()
+        workers, hostfile = size or args.workers, True   # the user's mpiexec placed them
+    else:
+        rank, workers, hostfile = 0, args.workers, args.hostfile
+    try:
+        if rank == 0:
+            before_launch(cfg, workers, hostfile, args.dry_run)
+        if args.dry_run:
+            return 0
+    except (OSError, ValueError) as exc:   # e.g. less data than one minibatch
+        sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
+        return 2
     if in_mpi_job() or (args.workers == 1 and not args.hostfile):
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
@@ -48,6 +120,10 @@ def main(args):
                                              'theanompi_ext.train.worker', path],
                               hostfile=args.hostfile)
         from ..launch.postmortem import run_explained   # names a rank that died
-        return run_explained(cmd, env=child_env(), size=args.workers)
+        env = child_env()
+        if sys.stdout.isatty():
+            # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
+            env[STDOUT_TTY_VAR] = '1'
+        return run_explained(cmd, env=env, size=args.workers)
     finally:
         os.unlink(path)

@@ -44,6 +44,7 @@ class TrainConfig(object):
     resume: bool = False
     timeline: str = ''
     quiet: bool = False
+    progress_every: int = 0              # iterations between progress lines off a terminal (0: auto)
     collective_timeout_s: float = 30.0   # a wait inside a step this long aborts (0: never)
     stall_warn_s: float = 10.0           # ... this long logs who has not arrived (0: never)
     check_replicas_every: int = 0        # steps between replica checks (0: off)
@@ -110,8 +111,11 @@ class TrainConfig(object):
         for name in ('collective_timeout_s', 'stall_warn_s'):
             if getattr(self, name) < 0:
                 bad(name, 'must be a number of seconds >= 0 (0: off)')
-        if not isinstance(self.check_replicas_every, int) or self.check_replicas_every < 0:
-            bad('check_replicas_every', 'must be an integer >= 0 (0: off)')
+        for name in ('check_replicas_every', 'progress_every'):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                bad(name, 'must be an integer >= 0 (0: %s)'
+                    % ('off' if name == 'check_replicas_every' else 'automatic'))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
         return self

@@ -14,6 +14,122 @@ _SKIP = {'extra'}
 # Defaults that depend on other options, described instead of shown.
 _DEFAULT_HELP = {'exch_strategy': 'ar-overlap with sync_type kn, ar with avg/cdd'}
 
+# One sentence per option: what it does, and its unit. ``train --help``
+# shows them under the group titles of GROUPS.
+HELP = {
+    'model': 'network to train, one of %(choices)s',
+    'data': "training data: 'digits' (the built-in 8x8 digits) or the path of an HDF5 "
+            "file written by 'theanompi-ext convert'",
+    'crop': 'HDF5 data: side of the random crop, pixels (0: the stored size)',
+    'scale_min': 'HDF5 data: smallest area of the random-resized crop, a fraction of '
+                 'the image in (0, 1]',
+    'batch_per_worker': 'n, examples per worker per iteration (the minibatch is k x n)',
+    'seed': 'random seed of the model initialisation (the same on every rank)',
+    'data_seed': 'random seed of the per-epoch shuffles and of the augmentation',
+    'epochs': 'length of training, epochs',
+    'max_steps': 'stop after this many iterations in total (0: run every epoch)',
+    'base_lr': 'learning rate at the reference minibatch --ref-batch; training uses '
+               'base_lr x kn / ref_batch (linear scaling rule)',
+    'ref_batch': 'reference minibatch of --base-lr, examples (the paper: 0.1 at 256)',
+    'warmup': 'warm-up, one of %(choices)s: gradual ramps the rate every iteration from '
+              'base_lr to the scaled rate, constant holds base_lr then jumps, none starts '
+              'at the scaled rate, theanompi multiplies by k^(1/5) per epoch for 5 epochs',
+    'warmup_epochs': 'length of the gradual or constant warm-up, epochs (fractions allowed)',
+    'decay_epochs': 'epochs at whose start the rate is multiplied by --decay-factor, '
+                    'comma-separated whole epochs (empty: no decay)',
+    'decay_factor': 'multiplier of the rate at each decay epoch, in (0, 1]',
+    'momentum': 'momentum m, in [0, 1)',
+    'momentum_form': 'momentum SGD form, one of %(choices)s: eq9 u=m*u+g, w-=lr*u; eq10 '
+                     'v=m*v+lr*g, w-=v with momentum correction when the rate changes; '
+                     'eq10-nocorrect the same without the correction',
+    'nesterov': 'Nesterov momentum, true or false (the bare flag means true)',
+    'weight_decay': 'L2 weight decay lambda added to each gradient (BN gamma/beta are '
+                    'never decayed), per iteration',
+    'sync_type': "exchange rule, one of %(choices)s: kn sums the workers' gradients "
+                 "(the paper), avg and cdd are Theano-MPI's parameter averaging and "
+                 "momentum exchange",
+    'exch_strategy': 'how the gradients travel, one of %(choices)s: ar is one allreduce '
+                     'after the backward, ar-overlap starts each bucket\'s allreduce '
+                     'during the backward',
+    'exchange_bn': 'also exchange the BN gamma/beta, true or false (default: each worker '
+                   'keeps its own, as in the paper)',
+    'bucket_cap_mb': 'size cap of one allreduce bucket, MB',
+    'first_bucket_cap_mb': 'size cap of the first bucket (the output layers, ready '
+                           'first), MB',
+    'checkpoint': 'write OUT/checkpoint.h5, true or false (needs --out)',
+    'checkpoint_every': 'iterations between checkpoints (0: at the end of each epoch)',
+    'resume': 'continue from OUT/checkpoint.h5 instead of starting afresh',
+    'collective_timeout_s': 'a wait inside a step this long aborts every rank, seconds '
+                            '(0: never)',
+    'stall_warn_s': 'a wait inside a step this long logs the ranks that have not '
+                    'arrived, seconds (0: never)',
+    'check_replicas_every': 'iterations between checks that the exchanged parameters are '
+                            'identical on every rank (0: off)',
+    'out': 'output folder for summary.json, params.npz, curves.png and checkpoint.h5 '
+           '(empty: write nothing)',
+    'timeline': 'write a Chrome trace of every step to PREFIX.json and PREFIX.png '
+                '(empty: none)',
+    'eval_every': 'validate every this many epochs (the last epoch always), epochs',
+    'quiet': 'print nothing on rank 0 but warnings and errors: no plan, progress or '
+             'epoch lines',
+    'progress_every': 'when stdout is not a terminal, a progress line every this many '
+                      'iterations (0: ten per epoch for epochs of 100 iterations or more; '
+                      'a terminal gets one line refreshed in place)',
+}
+
+GROUPS = (
+    ('model and data', ('model', 'data', 'crop', 'scale_min', 'batch_per_worker', 'seed',
+                        'data_seed')),
+    ("the paper's recipe (Goyal et al. 2017; defaults are its ImageNet ones)",
+     ('epochs', 'max_steps', 'base_lr', 'ref_batch', 'warmup', 'warmup_epochs',
+      'decay_epochs', 'decay_factor', 'momentum', 'momentum_form', 'nesterov',
+      'weight_decay')),
+    ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
+                  'first_bucket_cap_mb')),
+    ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume',
+                                'collective_timeout_s', 'stall_warn_s',
+                                'check_replicas_every')),
+    ('output', ('out', 'timeline', 'eval_every', 'quiet', 'progress_every')),
+)
+
+
+# Placeholders in the usage line that say what a value is.
+METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline': 'PREFIX',
+            'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
+            'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
+            'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
+            'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
+            'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}
+
+
+class ModelNames(object):
+    """The model zoo's names, read from the registry when first needed.
+
+    Loading the zoo imports Theano, which ``theanompi-ext info`` and a bad
+    option should not wait for: argparse only looks at the choices when it
+    checks a given ``--model`` or prints the help.
+    """
+
+    def _names(self):
+        from .. import model
+        model._load_zoo()
+        return sorted(model.MODELS)
+
+    def __contains__(self, name):
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
+def _choices():
+    from ..exchange.rules import SYNC_TYPES
+    from ..update.momentum import FORMS
+    from ..update.schedule import WARMUPS
+    from .config import EXCH_STRATEGIES
+    return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
+            'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES}
+
 
 def _parse_bool(s):
     v = str(s).strip().lower()
@@ -47,17 +163,39 @@ def converter(field):
 
 
 def add_config_arguments(parser):
-    """Add one option per TrainConfig field (defaults left as None = unset)."""
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in _SKIP:
-            continue
-        flag = '--' + f.name.replace('_', '-')
-        if isinstance(f.default, bool):
-            parser.add_argument(flag, dest=f.name, nargs='?', const=True, default=None,
-                                type=_parse_bool, help='(default %s)' % f.default)
-        else:
-            parser.add_argument(flag, dest=f.name, type=converter(f), default=None,
-                                help='(default %s)' % (_DEFAULT_HELP.get(f.name, f.default),))
+    """Add one option per TrainConfig field (defaults left as None = unset),
+    each under its group of :data:`GROUPS` with its sentence of :data:`HELP`."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in _SKIP}
+    placed = [name for _, names in GROUPS for name in names if name in fields]
+    groups = [(title, [n for n in names if n in fields]) for title, names in GROUPS]
+    rest = [n for n in fields if n not in placed]     # a field no group names yet
+    if rest:
+        groups.append(('other training options', rest))
+    choices = _choices()
+    for title, names in groups:
+        group = parser.add_argument_group(title)
+        for name in names:
+            _add_field(group, fields[name], choices.get(name))
+
+
+def _add_field(group, f, choices):
+    flag = '--' + f.name.replace('_', '-')
+    default = _DEFAULT_HELP.get(f.name, f.default)
+    if isinstance(default, tuple):
+        default = ','.join(str(v) for v in default) or 'none'
+    elif default == '':
+        default = 'empty'
+    text = HELP.get(f.name, '')
+    text = '%s (default %s)' % (text, default) if text else '(default %s)' % (default,)
+    if isinstance(f.default, bool):
+        group.add_argument(flag, dest=f.name, nargs='?', const=True, default=None,
+                           type=_parse_bool, metavar='BOOL', help=text)
+    else:
+        metavar = METAVARS.get(f.name)
+        if metavar is None and choices is None:
+            metavar = {int: 'N', float: 'X'}.get(type(f.default), 'VALUE')
+        group.add_argument(flag, dest=f.name, type=converter(f), default=None,
+                           choices=choices, metavar=metavar, help=text)
 
 
 def read_kv_file(path, known=None):

@@ -150,6 +150,9 @@ class Trainer(object):
             self.exchanger.finish(self.grads)
         t_wait = clock()
         self.rule.step(self.params.values, self.grads, lr, reduced=overlapped)
+        # Waited for the exchange: the loss allreduce and the buckets' finish;
+        # without overlap the rule's blocking exchange (and its update) too.
+        self.exchange_wait_s = (t_wait if overlapped else clock()) - t_backward
         self.params.push()
         if self.timeline is not None:
             self.timeline.record_train_step(
@@ -183,7 +186,9 @@ class Trainer(object):
         every ``cfg.checkpoint_every`` iterations).
         """
         from ..data.prefetch import Prefetcher
+        from .progress import Progress
         cfg = self.cfg
+        progress = Progress.for_trainer(self)
         t_start = time.perf_counter()
         step_times = []
         partial = self._partial or {}
@@ -199,6 +204,7 @@ class Trainer(object):
             t_ep = time.perf_counter()
             losses, errs = partial.get('losses', []), partial.get('errs', [])
             partial = {}
+            progress.start_epoch(epoch, first)
             batches = Prefetcher(self.data.train_batch,
                                  (self.batch_indices(perm, it) for it in range(first, last)))
             try:
@@ -209,11 +215,13 @@ class Trainer(object):
                     replicas.after_step(self)
                     losses.append(float(loss))
                     errs.append(float(err))
-                    self.progress(epoch, it + 1, loss)
+                    progress.step(it + 1, self.iteration, loss, batches.wait_s,
+                                  self.exchange_wait_s)
                     if self._checkpoint_due(it + 1):
                         self.save_checkpoint({'losses': losses, 'errs': errs})
             finally:
                 batches.close()
+                progress.end_epoch()
             if last < self.iters_per_epoch or not losses:
                 # max_steps reached inside this epoch: keep what was done
                 if cfg.out and cfg.checkpoint and losses:
@@ -226,7 +234,6 @@ class Trainer(object):
                 rec['val_loss'], rec['val_top1'], rec['val_top5'] = self.evaluate()
             rec.update(replicas.epoch_fields(self))
             self.history.append(rec)
-            self.progress(None)
             self.log(format_epoch(rec, cfg.epochs))
             if cfg.out and cfg.checkpoint:
                 self.save_checkpoint()
@@ -236,6 +243,7 @@ class Trainer(object):
 
     # -- checkpoints and progress --------------------------------------------
     _partial = None
+    exchange_wait_s = 0.0
 
     def _checkpoint_due(self, it_in_epoch):
         every = self.cfg.checkpoint_every
@@ -259,20 +267,6 @@ class Trainer(object):
         from . import checkpoint
         self._partial = checkpoint.load(self, self.checkpoint_path())
         self.log('resumed from %s at iteration %d' % (self.checkpoint_path(), self.iteration))
-
-    def progress(self, epoch, done=0, loss=0.0):
-        """A one-line progress bar on rank 0 when stderr is a terminal."""
-        import sys
-        if self.comm.rank != 0 or self.cfg.quiet or not sys.stderr.isatty():
-            return
-        if epoch is None:
-            sys.stderr.write('\r' + ' ' * 70 + '\r')
-            return
-        width = 30
-        fill = int(width * done / self.iters_per_epoch)
-        sys.stderr.write('\repoch %3d [%s%s] %d/%d loss %.4f' % (
-            epoch + 1, '#' * fill, '.' * (width - fill), done, self.iters_per_epoch, loss))
-        sys.stderr.flush()
 
     def summary(self, wall_s, step_times):
         """Run summary: errors, times, settings."""

@@ -500,22 +500,33 @@ def register(sub):
                     'data-seed SEED+i, error = median val top-1 error of the last 5 epochs, '
                     'mean +- sample std over runs. Training options after the trials '
                     'options apply to every setting; --out is the trials folder.')
-    p.add_argument('--runs', type=int, default=5, help='independent runs per setting (5)')
+    p.add_argument('--runs', type=int, default=5,
+                   help='independent runs per setting, seeds SEED+i (default 5)')
     p.add_argument('--setting', action='append', metavar="NAME:'OPTIONS'",
                    help='a named setting: train options that override the common ones '
                         '(repeat for a side-by-side table)')
-    p.add_argument('--settings', metavar='FILE', help='settings, one "NAME: OPTIONS" a line')
+    p.add_argument('--settings', metavar='FILE',
+                   help='file of settings, one "NAME: OPTIONS" a line (# comments)')
     p.add_argument('--last', type=int, default=LAST_EPOCHS,
-                   help='epochs whose median is a run\'s error (%d)' % LAST_EPOCHS)
+                   help='last evaluated epochs whose median val top-1 error is a run\'s '
+                        'error, epochs (default %d)' % LAST_EPOCHS)
     p.add_argument('--run-timeout', type=float, default=None,
-                   help='seconds before a run is stopped and counted as failed')
+                   help='a run still going after this many seconds is stopped and counted '
+                        'as failed (default: no limit)')
     p.add_argument('--reuse', action='store_true',
-                   help='keep finished runs whose summary.json has the same configuration')
+                   help='keep finished runs whose summary.json has the same configuration '
+                        'instead of training them again')
     p.add_argument('--verbose', action='store_true',
-                   help='show the ranks\' output instead of only writing run<i>/train.log')
-    p.add_argument('--workers', type=int, default=1, help='ranks per run (1)')
-    p.add_argument('--hostfile', default=None, help='MPI host file for several machines')
-    p.add_argument('--config', default=None, help='key=value file for every setting')
+                   help='also show the ranks\' output here, not only in run<i>/train.log')
+    p.add_argument('--workers', type=int, default=1, metavar='K',
+                   help='k, ranks per run unless a setting gives its own (default 1)')
+    p.add_argument('--hostfile', default=None, metavar='FILE',
+                   help='MPI host file, to place the ranks on several machines (default: '
+                        'all on this one)')
+    p.add_argument('--config', default=None, metavar='FILE',
+                   help='key=value file of training options for every setting')
+    p.add_argument('--dry-run', action='store_true',
+                   help='print the plan and warnings of every setting, launch nothing')
     options.add_config_arguments(p)
     p.set_defaults(func=main)
 
@@ -536,6 +547,15 @@ def main(args):
             raise ValueError('trials starts its own mpiexec for every run; '
                              'run it outside mpiexec')
         settings = collect_settings(args)
+        from .cli import before_launch
+        for s in settings:
+            if args.dry_run:
+                print('setting %s, run0 of %d:' % (s.name or 'default', args.runs))
+                sys.stdout.flush()
+            before_launch(run_config(s, 0, run_dir(args.out, s, 0)), s.workers, s.hostfile,
+                          args.dry_run, label=s.name)
+        if args.dry_run:
+            return 0
     except ValueError as exc:
         sys.stderr.write('theanompi-ext trials: error: %s\n' % exc)
         return 2

@@ -39,12 +39,10 @@ def run(cfg, comm=None, log=print):
     if cfg.resume:
         trainer.resume()
     if comm.rank == 0 and not cfg.quiet:
-        log('%s: %s, %d params, %d workers x %d = batch %d, %d iters/epoch, '
-            'sync_type=%s exch_strategy=%s, %d buckets, setup %.1fs' % (
-                cfg.model, comm.describe(), trainer.layout.total, comm.size,
-                cfg.batch_per_worker, trainer.total_batch, trainer.iters_per_epoch,
-                cfg.sync_type, cfg.exch_strategy, len(trainer.buckets),
-                time.perf_counter() - t0))
+        from .plan import plan_of_trainer, format_plan
+        plan = plan_of_trainer(trainer)
+        plan.lines.append(('setup', '%.1f s' % (time.perf_counter() - t0)))
+        log(format_plan(plan))
     summary = trainer.train()
     if comm.rank == 0:
         write_outputs(cfg, summary, trainer)
