@@ -194,8 +194,20 @@ def _add_field(group, f, choices):
         metavar = METAVARS.get(f.name)
         if metavar is None and choices is None:
             metavar = {int: 'N', float: 'X'}.get(type(f.default), 'VALUE')
-        group.add_argument(flag, dest=f.name, type=converter(f), default=None,
-                           choices=choices, metavar=metavar, help=text)
+        group.add_argument(flag, dest=f.name, default=None, choices=choices,
+                           type=_one_of(f.name, choices) if choices else converter(f),
+                           metavar=metavar, help=text)
+
+
+def _one_of(name, choices):
+    """argparse type of a field with a fixed set of values: the error names the
+    field as the config file and validation do (``invalid option warmup='x'``)."""
+    def check(text):
+        if text not in choices:
+            raise argparse.ArgumentTypeError('invalid option %s=%r: choose from %s'
+                                             % (name, text, ', '.join(choices)))
+        return text
+    return check
 
 
 def read_kv_file(path, known=None):

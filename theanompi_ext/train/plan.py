@@ -200,11 +200,11 @@ def format_plan(plan):
     exch = 'sync_type %s: %s, %d of %d parameters = %s per iteration' % (
         p.sync_type, what, p.n_exchanged, p.n_params, _mb(p.exchanged_bytes))
     if p.buckets:
-        exch += ' in %d buckets' % p.buckets
+        exch += ' in %d bucket%s' % (p.buckets, 's' if p.buckets > 1 else '')
     out.append('  exchange      ' + exch)
     if p.exch_strategy == 'ar-overlap':
-        strat = ('ar-overlap: backward in %d chunks, each bucket\'s allreduce starts when '
-                 'its gradients are final' % p.chunks)
+        strat = ('ar-overlap: backward in %d chunk%s, each bucket\'s allreduce starts when '
+                 'its gradients are final' % (p.chunks, 's' if p.chunks > 1 else ''))
     else:
         strat = 'ar: one backward, then the exchange'
     out.append('                ' + strat)

@@ -12,6 +12,7 @@ A rank started by mpiexec writes to mpiexec's pipe; the ``train`` launcher
 sets :data:`STDOUT_TTY_VAR` when its own stdout is a terminal, so rank 0
 still refreshes its line in place.
 """
+import io
 import os
 import sys
 import time
@@ -33,9 +34,10 @@ def stream_is_terminal(stream, environ=None):
     """Whether ``stream`` ends on a terminal (directly or through mpiexec)."""
     env = os.environ if environ is None else environ
     try:
+        stream.fileno()          # an in-memory stream is never mpiexec's pipe
         if stream.isatty():
             return True
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError, io.UnsupportedOperation):
         return False
     return env.get(STDOUT_TTY_VAR) == '1'
 
