@@ -36,13 +36,14 @@ def run(cfg, comm=None, log=print):
                       **cfg.extra.get('model_kw', {}))
     t0 = time.perf_counter()
     trainer = Trainer(net, data, cfg, comm, log=log)
-    if cfg.resume:
-        trainer.resume()
     if comm.rank == 0 and not cfg.quiet:
+        # the run's first lines: what it will do (train --dry-run prints the same)
         from .plan import plan_of_trainer, format_plan
         plan = plan_of_trainer(trainer)
         plan.lines.append(('setup', '%.1f s' % (time.perf_counter() - t0)))
         log(format_plan(plan))
+    if cfg.resume:
+        trainer.resume()
     summary = trainer.train()
     if comm.rank == 0:
         write_outputs(cfg, summary, trainer)
