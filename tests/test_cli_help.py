@@ -92,3 +92,15 @@ def test_config_options_name_their_group():
     # a training option nobody placed in a group would land in 'other training options'
     text = PARSERS['theanompi-ext train'].format_help()
     assert 'other training options' not in text
+
+
+def test_reading_the_options_does_not_import_theano():
+    # the zoo's names are read only when shown or checked (theanompi-ext info stays fast)
+    import subprocess
+    import sys
+    code = ('import sys; from theanompi_ext.cli import build_parser; '
+            "build_parser().parse_args(['train', '--epochs', '3']); "
+            "print('theano' in sys.modules)")
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == 'False', r.stderr

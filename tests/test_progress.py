@@ -129,6 +129,9 @@ def test_not_a_terminal_gets_plain_lines_every_n():
     r = subprocess.run(TRAIN + ['--workers', '1', '--progress-every', '15'],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
+    # the plan is the run's first output, as train --dry-run prints it
+    assert r.stdout.splitlines()[:2] == ['plan: mlp on digits (1438 training examples)',
+                                         '  k x n         1 x 8 = 8 examples per iteration']
     lines = [l for l in r.stdout.splitlines() if l.startswith('progress:')]
     assert [LINE.match(l).group(3) for l in lines] == ['15', '30']
     assert '\r' not in r.stdout

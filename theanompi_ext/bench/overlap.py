@@ -63,9 +63,11 @@ def register(sub):
     """Add ``bench overlap`` to the ``bench`` sub-parsers."""
     p = sub.add_parser('overlap', help='serial vs overlapped exchange at 2 ranks (starts mpiexec)',
                        description=__doc__.split('\n\n')[0])
-    p.add_argument('--models', default=','.join(DEFAULT_MODELS), metavar='LIST',
-                   help='comma-separated names from the model zoo (train --help lists '
-                        'them) (default %(default)s)')
+    from ..train.options import ModelNames
+    models = p.add_argument('--models', default=','.join(DEFAULT_MODELS), metavar='LIST',
+                            help='comma-separated names from the model zoo: %(zoo)s '
+                                 '(default %(default)s)')
+    models.zoo = ModelNames()     # argparse fills %(zoo)s from the action: read when shown
     p.add_argument('--workers', type=int, default=2, metavar='K',
                    help='k, the MPI ranks to start (default 2)')
     p.add_argument('--steps', type=int, default=4, metavar='N',

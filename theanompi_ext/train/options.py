@@ -121,6 +121,9 @@ class ModelNames(object):
     def __iter__(self):
         return iter(self._names())
 
+    def __str__(self):
+        return ', '.join(self._names())
+
 
 def _choices():
     from ..exchange.rules import SYNC_TYPES
