@@ -34,8 +34,12 @@ def _model_source(modelfile):
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
+    from .engine_flags import configured_environment
     try:
-        spec = importlib.util.find_spec(modelfile)
+        # find_spec imports the module's parent packages, which may import
+        # Theano: configure it first, as the ranks do.
+        with configured_environment():
+            spec = importlib.util.find_spec(modelfile)
     except (ImportError, ValueError) as exc:
         spec, why = None, str(exc)
     else:

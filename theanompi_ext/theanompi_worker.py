@@ -11,8 +11,10 @@ a CPU machine the device only names the rank). Options of the exchange
 environment variables, see :data:`theanompi_ext.contract.OPTION_DEFAULTS`.
 
 The loop mirrors Theano-MPI's BSP worker: build ``modelclass(config)``,
-``compile_iter_fns(sync_type)``, then per epoch the training batches
-(load batch, our gradient + exchange + update), a validation pass,
+``compile_iter_fns(sync_type)``, then per epoch the training file batches,
+each in ``model.n_subb`` sub-batches (``train_iter``, then our gradient +
+exchange + update: one iteration per sub-batch), a validation pass over
+every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
 ends the job (``train.worker.guarded``).
 """
@@ -113,6 +115,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     if len(devices) != size:
         raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
     log = log if rank == 0 else (lambda *a, **k: None)
+    # Engine configuration first: a model module that imports Theano itself
+    # then finds it configured (a user's .theanorc still wins, see engine).
+    from . import engine  # noqa: F401
     cls = import_model_class(modelfile, modelclass)
     config = {'verbose': rank == 0, 'rank': rank, 'size': size, 'mname': modelclass,
               'device': devices[rank], 'sync_type': sync_type, 'exch_strategy': exch_strategy}
@@ -130,13 +135,16 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     stepper = ContractStepper(model, comm, sync_type, opts, log=log,
                               overlap=(mode == 'ar-overlap'))
     hook = getattr(model, 'load_train_batch', None)
+    n, n_subb = stepper.n, stepper.n_subb
     log('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
-        'batch %d x %d = %d, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
-        % (modelclass, size, ','.join(devices), sync_type, mode, why, size,
-           opts['batch_per_worker'], size * opts['batch_per_worker'], opts['base_lr'],
+        'batch %d x %d = %d per iteration (one iteration = one sub-batch; %s), '
+        '%d iterations per epoch, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
+        % (modelclass, size, ','.join(devices), sync_type, mode, why, size, n, size * n,
+           stepper.feed.describe(), stepper.iters_per_epoch, opts['base_lr'],
            stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
-           'model.load_train_batch(i)' if hook else
-           'model.train_iter(i) then our parameters restored (no load_train_batch hook)'))
+           'model.load_train_batch(i) per file batch' if hook else
+           'model.train_iter(i) per sub-batch, then our parameters restored '
+           '(no load_train_batch hook)'))
     recorder = Recorder()
     history, t_start, done = [], time.perf_counter(), False
     stats = np.zeros(5, np.float32)
@@ -144,24 +152,29 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
         model.epoch = epoch
         losses, errs = [], []
         for i in range(int(model.data.n_batch_train)):
-            if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
-                done = True
+            for subb in range(n_subb):
+                if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
+                    done = True
+                    break
+                if hook:
+                    if subb == 0:
+                        hook(i)
+                else:
+                    model.train_iter(i, recorder)
+                recorder.start()
+                cost, err, lr = stepper.step(subb)
+                recorder.end('calc+comm')
+                losses.append(cost)
+                errs.append(err)
+            if done:
                 break
-            if hook:
-                hook(i)
-            else:
-                model.train_iter(i, recorder)
-            recorder.start()
-            cost, err, lr = stepper.step()
-            recorder.end('calc+comm')
-            losses.append(cost)
-            errs.append(err)
         model.reset_iter('train')
         if not losses:
             break
         recorder.val = []
         for j in range(int(getattr(model.data, 'n_batch_val', 0) or 0)):
-            model.val_iter(j, recorder)
+            for _ in range(n_subb):        # every sub-batch, as Theano-MPI validates
+                model.val_iter(j, recorder)
         model.reset_iter('val')
         vals = np.array(recorder.val or [(np.nan, np.nan)], np.float64)
         stats[...] = (np.mean(losses), np.nanmean(errs) if np.any(np.isfinite(errs)) else 0,
