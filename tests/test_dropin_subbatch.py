@@ -135,7 +135,7 @@ def test_bsp_rule(tmp_path, model, strategy):
     # BSP().init from a script, HOME without .theanorc: the package imports Theano at its top.
     script = ('import sys\nfrom theanompi_ext import BSP\nrule = BSP()\n'
               'rule.exch_strategy = %r\n'
-              'rule.init(["cpu0", "cpu1"], "tmzoo.subbatch", %r, out=%r)\n'
+              'rule.init(["cpu0", "cpu1"], "tmzoo.subbatch", %r, out=%r, snapshot_freq=1)\n'
               'sys.exit(rule.wait(timeout=%d))\n'
               % (strategy, model_class(model, strategy), str(tmp_path / 'out'), TIMEOUT))
     res = run([sys.executable, '-c', script], DROPIN, env_with(DROPIN, home=tmp_path))
@@ -147,6 +147,21 @@ def test_bsp_rule(tmp_path, model, strategy):
     summary = json.load(open(str(tmp_path / 'out' / 'summary.json')))
     assert summary['iterations'] == _iterations(model)
     assert_matches_reference(model, load_npz(tmp_path / 'out'))
+    # What a Theano-MPI user looks for: the per-epoch record, its plot, snapshots.
+    from theanompi_ext.contract_outputs import read_record
+    record = read_record(str(tmp_path / 'out'))
+    assert [r['epoch'] for r in record] == [1, 2]
+    assert [r['iterations'] for r in record] == [6, 12]
+    assert all(np.isfinite(r['val_loss']) and r['epoch_s'] > 0 and r['times_s']['calc+comm'] > 0
+               for r in record)
+    assert (tmp_path / 'out' / 'record.png').stat().st_size > 0
+    import h5py
+    for epoch in (1, 2):
+        with h5py.File(str(tmp_path / 'out' / 'snapshots' / ('params_epoch%03d.h5' % epoch)),
+                       'r') as f:
+            assert f.attrs['epoch'] == epoch and f.attrs['iterations'] == 6 * epoch
+            snap = [f[k][()] for k in sorted(f.keys())]
+    assert_matches_reference(model, snap)
 
 
 def _iterations(model):
@@ -194,3 +209,50 @@ def test_theanompi_worker_with_install(tmp_path, model, strategy):
     assert out['shared_lr'] == pytest.approx(0.05)       # not raised by k**(1/5) per epoch
     for rank_params in out['params']:
         assert_matches_reference(model, rank_params)
+
+
+@pytest.mark.parametrize('cls,needle', [
+    ('UnfedInput', 'model.cost depends on symbolic input(s) temperature'),
+    ('NoSubbatchIndex', 'model.n_subb = 2 but the model has no model.subb_ind'),
+])
+def test_unrecognisable_feed_is_refused(cls, needle):
+    from theanompi_ext.contract_feed import ModelFeed
+    from tmzoo import subbatch as sb
+    model = getattr(sb, cls)({'verbose': False, 'rank': 0, 'size': 1})
+    with pytest.raises(ValueError) as exc:
+        ModelFeed(model, None)
+    assert needle in str(exc.value)
+
+
+def test_subbatch_size_must_be_the_batch_size():
+    from theanompi_ext.contract_feed import ModelFeed
+    from tmzoo import subbatch as sb
+    model = sb.Cifar10Like({'verbose': False, 'rank': 0, 'size': 1})
+    model.batch_size = 16          # claims the file batch is one batch; its slice says 8
+    with pytest.raises(ValueError, match='sub-batch holds 8 examples .* batch size is 16'):
+        ModelFeed(model, None)
+
+
+def test_refused_before_the_first_step_on_every_rank(tmp_path):
+    # Through BSP().init: the job fails, the message names what was not understood and where.
+    script = ('import sys\nfrom theanompi_ext import BSP\nrule = BSP()\n'
+              'rule.init(["cpu0", "cpu1"], "tmzoo.subbatch", "NoSubbatchIndex", out=%r)\n'
+              'sys.exit(rule.wait(timeout=%d))\n' % (str(tmp_path / 'out'), TIMEOUT))
+    res = run([sys.executable, '-c', script], DROPIN, env_with(DROPIN, home=tmp_path))
+    assert res.returncode != 0
+    assert 'failed: ValueError: model.n_subb = 2 but the model has no model.subb_ind' \
+        in res.stderr
+    assert 'contract_feed.py:' in res.stderr          # file and line, by default
+    assert not (tmp_path / 'out' / 'params.npz').exists()
+
+
+def test_model_error_names_its_file_and_line():
+    from theanompi_ext.train.error_location import error_location
+    from tmzoo import subbatch as sb
+    model = sb.RaisesInTrainIter({'verbose': False, 'rank': 0, 'size': 1})
+    try:
+        model.train_iter(3, None)
+    except KeyError as exc:
+        where = error_location(exc)
+    line = [i for i, text in enumerate(open(sb.__file__), 1) if 'no such file batch' in text][0]
+    assert where == '%s:%d in train_iter' % (sb.__file__, line)

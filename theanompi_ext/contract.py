@@ -56,7 +56,8 @@ OPTION_DEFAULTS = {
     'bucket_cap_mb': (DEFAULT_CAP_MB, float),
     'first_bucket_cap_mb': (DEFAULT_FIRST_CAP_MB, float),
     'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
-    'out': ('', str),                  # rank 0 writes params.npz + summary.json here
+    'out': ('', str),                  # rank 0 writes params.npz, summary.json, record, snapshots
+    'snapshot_freq': (5, int),         # epochs between HDF5 snapshots in OUT/snapshots (0: none)
 }
 ENV_PREFIX = 'THEANOMPI_EXT_'
 BN_NAMES = ('gamma', 'beta')
@@ -330,6 +331,17 @@ class ContractStepper(object):
         """Undo anything the model did to its parameters since our last step."""
         self.params.values[...] = self.master
         self.rebind()
+
+    def model_step_moved(self):
+        """True when the model's own train function changed its parameters since our last step.
+
+        Theano-MPI models compiled by its ``pre_model_iter_fn(k>1)`` never do:
+        their parameters move only in ``cdd``'s second step, after the
+        exchange has filled ``vels2``.
+        """
+        return any(not np.array_equal(np.asarray(var.get_value()).reshape(-1),
+                                      self.master[self.layout.slice(i)])
+                   for i, var in enumerate(self.params.vars))
 
     def lr(self):
         """This iteration's rate: our schedule times the model's own decay

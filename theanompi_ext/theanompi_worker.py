@@ -78,6 +78,13 @@ class Recorder(object):
         return lambda *a, **k: None
 
 
+AVG_NOTE = ('theanompi_ext: note: the model\'s own train function did not move its parameters '
+            '(as with Theano-MPI\'s pre_model_iter_fn(k>1), which updates them only in cdd\'s '
+            'second step): under Theano-MPI\'s avg such a model does not train at all; '
+            'theanompi_ext\'s avg takes the local step itself (see '
+            'docs/migrating-from-theano-mpi.md, "avg")')
+
+
 def choose_mode(model, exch_strategy, sync_type='kn'):
     """(mode, reason): the exchange actually used for a contract model.
 
@@ -109,6 +116,7 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     from .collective import create_communicator
     from .contract import ContractStepper, resolve_options
     from .train.trainer import compile_in_turn
+    from .contract_outputs import write_record, snapshot_due, save_snapshot
     own_comm = comm is None
     comm = comm or create_communicator('auto')
     rank, size = comm.rank, comm.size
@@ -151,6 +159,7 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     for epoch in range(int(model.n_epochs)):
         model.epoch = epoch
         losses, errs = [], []
+        t_epoch, times_before = time.perf_counter(), dict(recorder.times)
         for i in range(int(model.data.n_batch_train)):
             for subb in range(n_subb):
                 if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
@@ -161,6 +170,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
                         hook(i)
                 else:
                     model.train_iter(i, recorder)
+                    if stepper.iteration == 0 and sync_type == 'avg' and \
+                            not stepper.model_step_moved():
+                        log(AVG_NOTE)
                 recorder.start()
                 cost, err, lr = stepper.step(subb)
                 recorder.end('calc+comm')
@@ -183,7 +195,15 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
         rec = dict(epoch=epoch + 1, train_loss=float(stats[0] / size),
                    train_err=float(stats[1] / size), val_loss=float(stats[2] / size),
                    val_err=float(stats[3] / size), lr=float(lr), iterations=stepper.iteration)
+        rec['times_s'] = {m: t - times_before.get(m, 0.0) for m, t in recorder.times.items()}
+        rec['epoch_s'] = time.perf_counter() - t_epoch
         history.append(rec)
+        if rank == 0 and opts['out']:
+            write_record(opts['out'], history, title='%s, %d ranks' % (modelclass, size))
+            if snapshot_due(epoch + 1, int(model.n_epochs), opts['snapshot_freq']):
+                save_snapshot(opts['out'], epoch + 1, stepper.iteration,
+                              [p.name for p in model.params],
+                              [p.get_value() for p in model.params])
         log('epoch %d/%d  loss %.4f  train err %.3f  val loss %.4f  val err %.3f  lr %.4f'
             % (rec['epoch'], model.n_epochs, rec['train_loss'], rec['train_err'],
                rec['val_loss'], rec['val_err'], rec['lr']))

@@ -265,3 +265,10 @@ class NoSubbatchIndex(Cifar10Like):
         self.subb_ind, self.shared_x_slice, self.shared_y_slice = self._hidden
         super(NoSubbatchIndex, self).compile_iter_fns(*args, **kwargs)
         del self.subb_ind, self.shared_x_slice, self.shared_y_slice
+
+
+class RaisesInTrainIter(Cifar10Like):
+    """A model bug: its train_iter fails (the rank's message must name this line)."""
+
+    def train_iter(self, count, recorder):
+        raise KeyError('no such file batch %d' % count)
