@@ -63,8 +63,8 @@ def reference(model):
     return params, it
 
 
-def _grads(params, x, y):
-    """Gradients of the mean NLL of conv3x3(valid, correlation)+relu -> softmax."""
+def _grads(params, x, y, loss_only=False):
+    """Gradients (or the value) of the mean NLL of conv3x3(valid, correlation)+relu -> softmax."""
     W1, b1, W2, b2 = params
     b, side = x.shape[0], x.shape[2] - 2
     patches = np.stack([np.stack([x[:, :, u:u + side, v:v + side] for v in range(3)], -1)
@@ -74,6 +74,8 @@ def _grads(params, x, y):
     z = h.reshape(b, -1) @ W2 + b2
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
+    if loss_only:
+        return float(-np.mean(np.log(p[np.arange(b), y])))
     dz = p.copy()
     dz[np.arange(b), y] -= 1
     dz /= b
@@ -155,6 +157,8 @@ def test_bsp_rule(tmp_path, model, strategy):
     assert all(np.isfinite(r['val_loss']) and r['epoch_s'] > 0 and r['times_s']['calc+comm'] > 0
                for r in record)
     assert (tmp_path / 'out' / 'record.png').stat().st_size > 0
+    # Validation ran over every sub-batch of every rank's file batch, at the final parameters.
+    assert record[-1]['val_loss'] == pytest.approx(_val_loss(model), rel=1e-4)
     import h5py
     for epoch in (1, 2):
         with h5py.File(str(tmp_path / 'out' / 'snapshots' / ('params_epoch%03d.h5' % epoch)),
@@ -162,6 +166,22 @@ def test_bsp_rule(tmp_path, model, strategy):
             assert f.attrs['epoch'] == epoch and f.attrs['iterations'] == 6 * epoch
             snap = [f[k][()] for k in sorted(f.keys())]
     assert_matches_reference(model, snap)
+
+
+def _val_loss(model):
+    """Mean NLL of the reference's final parameters over all validation sub-batches."""
+    from tmzoo import subbatch as sb
+    if model not in _REFS:
+        _REFS[model] = reference(model)
+    params = _REFS[model][0]
+    X, Y = sb.load_digits_c01b()
+    idx = np.concatenate([sb.global_subbatch(K, i, s, 'val') for i in range(sb.N_BATCH_VAL)
+                          for s in range(sb.file_batch_size // sb.batch_size)])
+    x = X[idx].astype(np.float64)
+    if model.startswith('Cifar10Like'):
+        c = sb.CROP
+        x = (x - sb.image_mean())[:, :, c:8 - c, c:8 - c]
+    return _grads(params, x, Y[idx], loss_only=True)
 
 
 def _iterations(model):

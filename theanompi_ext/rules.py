@@ -41,6 +41,14 @@ def _model_source(modelfile):
         with configured_environment():
             spec = importlib.util.find_spec(modelfile)
     except (ImportError, ValueError) as exc:
+        parent = modelfile.rpartition('.')[0]
+        missing = getattr(exc, 'name', None) or ''
+        # A module of the dotted path itself missing is "not found"; anything
+        # else is the package's own import failing (a dependency, a bug).
+        if isinstance(exc, ImportError) and parent and missing and \
+                not (modelfile + '.').startswith(missing + '.'):
+            raise ValueError('model module %s: importing its package %s failed: %s: %s'
+                             % (modelfile, parent, type(exc).__name__, exc))
         spec, why = None, str(exc)
     else:
         why = 'no such module'

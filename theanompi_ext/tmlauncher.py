@@ -203,7 +203,7 @@ def main(argv=None):
         rule.sync_type, rule.exch_strategy = s['sync_type'], s['exch_strategy']
         rule.init(s['devices'], s['modelfile'], s['modelclass'], **s['options'])
     except ValueError as exc:
-        sys.stderr.write('tmlauncher: error: %s\n%s\n' % (exc, USAGE))
+        sys.stderr.write('tmxlauncher: error: %s\n%s\n' % (exc, USAGE))
         return 2
     return rule.wait()
 
