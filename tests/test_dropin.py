@@ -41,7 +41,8 @@ def reference(steps):
     sched = Schedule(0.05, kn, dc.N_TRAIN // kn, 2, ref_batch=dc.BATCH, warmup='gradual',
                      warmup_epochs=1.0, decay_epochs=(), workers=K)
     for it in range(steps):
-        x, y = X[it * kn:(it + 1) * kn], Y[it * kn:(it + 1) * kn]
+        b = it % (dc.N_TRAIN // kn)             # epoch 2 starts over
+        x, y = X[b * kn:(b + 1) * kn], Y[b * kn:(b + 1) * kn]
         h = np.tanh(x @ W1 + b1)
         z = h @ W2 + b2
         p = np.exp(z - z.max(1, keepdims=True))
@@ -194,19 +195,26 @@ def test_tmlauncher_missing_class(tmp_path):
     assert 'model class Nope not found' in res.stderr
 
 
-def test_exchanger_in_fake_theanompi_worker():
-    # Theano-MPI's own worker loop (stand-in) with install_into_theanompi() in the model file.
+def test_exchanger_in_fake_theanompi_worker(tmp_path):
+    # Theano-MPI's own worker loop (stand-in: 2 epochs, lr_warmup, Theano imported by the
+    # worker from the user's .theanorc) with install_into_theanompi() in the model file.
+    (tmp_path / '.theanorc').write_text('[global]\nfloatX = float32\nbase_compiledir = %s\n'
+                                        '[blas]\nldflags =\n' % os.environ['THEANOMPI_EXT_CACHE'])
+    env = env_with(FAKE, DROPIN)
+    env.pop('THEANO_FLAGS', None)
+    env['HOME'] = str(tmp_path)
     cmd = [mpiexec(), '-n', str(K), sys.executable, '-m', 'theanompi.worker', 'cpu',
            'kn', 'ar', 'digits_contract_tm', 'DigitsMLP']
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=DROPIN,
-                             env=env_with(FAKE, DROPIN), start_new_session=True)
+                             env=env, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         pytest.fail('fake Theano-MPI worker hung:\n%s\n%s' % (exc.stdout, exc.stderr))
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out['exchanger'] == 'theanompi_ext.exchange.theanompi_exchanger'
-    assert out['modes'] == {'calc': 3, 'sync': 3, 'comm': 3}
-    ref = reference(3)
+    steps = 2 * 1600 // (K * 16)                # 2 epochs of the whole training set
+    assert out['modes'] == {'calc': steps, 'sync': steps, 'comm': steps}
+    ref = reference(steps)
     for rank_params in out['params']:
         assert_matches(rank_params, ref)

@@ -8,13 +8,14 @@ of ``cost``), ``cost``, ``error``, ``weight_types``, ``data``, ``base_lr``,
 gradient *and* applies its own update, so it cannot give us per-worker
 gradient values. Decision (see ``docs/migrating-from-theano-mpi.md``):
 
-* :class:`GradientFunction` compiles **our own** Theano function with no
-  inputs whose outputs are ``[cost, error] + model.grads``. Theano-MPI
-  models keep the current minibatch in shared variables (``shared_x``,
-  ``shared_y``), so the graph reads the batch from there. When the cost is
-  built on symbolic inputs ``model.x``/``model.y`` (the usual style there,
-  with ``givens`` at compile time), the same ``givens``
-  ``{model.x: model.shared_x, model.y: model.shared_y}`` are applied.
+* :class:`GradientFunction` compiles **our own** Theano function whose
+  outputs are ``[cost, error] + model.grads``, fed the way the model's own
+  train function is fed (:mod:`theanompi_ext.contract_feed`): its input is
+  the sub-batch index ``model.subb_ind`` (when the model has sub-batches)
+  and ``model.shared_x_slice``/``shared_y_slice`` (else ``shared_x``/
+  ``shared_y``) and ``shared_lr`` are given for ``model.x``/``y``/``lr``.
+  One iteration is one sub-batch, as in Theano-MPI's worker loop; n (of kn)
+  is the sub-batch size.
 * Loading a batch: the model's optional hook ``model.load_train_batch(i)``
   is used when present (it only fills ``shared_x``/``shared_y``). Without
   it we call the model's own ``train_iter(i, recorder)`` (which loads the
@@ -55,7 +56,8 @@ OPTION_DEFAULTS = {
     'bucket_cap_mb': (DEFAULT_CAP_MB, float),
     'first_bucket_cap_mb': (DEFAULT_FIRST_CAP_MB, float),
     'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
-    'out': ('', str),                  # rank 0 writes params.npz + summary.json here
+    'out': ('', str),                  # rank 0 writes params.npz, summary.json, record, snapshots
+    'snapshot_freq': (5, int),         # epochs between HDF5 snapshots in OUT/snapshots (0: none)
 }
 ENV_PREFIX = 'THEANOMPI_EXT_'
 BN_NAMES = ('gamma', 'beta')
@@ -122,26 +124,28 @@ def contract_tags(model):
 
 
 class GradientFunction(object):
-    """``fn() -> (cost, error, [grad values])`` on the batch now in the model's shared data."""
+    """``fn(subb) -> (cost, error, [grad values])`` on sub-batch ``subb`` of the loaded batch.
 
-    def __init__(self, model, params_order):
+    Compiled from the model's own graph with the model's own feed
+    (:class:`~theanompi_ext.contract_feed.ModelFeed`: ``subb_ind`` as input,
+    ``shared_x_slice``/``shared_y_slice``/``shared_lr`` given for
+    ``x``/``y``/``lr``), so inputs transformed inside the graph are seen
+    as the model's train function sees them.
+    """
+
+    def __init__(self, model, params_order, feed):
         from .engine import theano
-        givens = {}
-        for sym, sh in (('x', 'shared_x'), ('y', 'shared_y')):
-            a, b = getattr(model, sym, None), getattr(model, sh, None)
-            # Only symbolic (non-shared) inputs need substituting.
-            if a is not None and b is not None and not hasattr(a, 'get_value'):
-                givens[a] = b
         err = getattr(model, 'error', None)
         self.has_error = err is not None
         outs = [model.cost] + ([err] if self.has_error else [])
         grads = [model.grads[i] for i in params_order]
-        self.fn = theano.function([], outs + grads, givens=givens or None,
+        self.feed = feed
+        self.fn = theano.function(list(feed.inputs), outs + grads, givens=feed.givens or None,
                                   on_unused_input='ignore', name='tmx_contract_grads')
         self.n_out = len(outs)
 
-    def __call__(self):
-        res = self.fn()
+    def __call__(self, subb=0):
+        res = self.fn(*self.feed.values(subb))
         cost = float(res[0])
         error = float(res[1]) if self.has_error else float('nan')
         return cost, error, res[self.n_out:]
@@ -187,42 +191,27 @@ class ContractGraph(object):
     networks: ``cost`` (the model's cost times a shared ``scale`` = 1/k,
     i.e. the loss over kn), ``loss_sum``/``err_sum`` (here the model's own
     per-worker means), the layers' outputs and parameters from
-    ``model.tmx_layers``, and the data inputs. A symbolic ``model.x`` /
-    ``model.y`` becomes an input of the compiled functions, fed from
-    ``shared_x`` / ``shared_y`` at each step; a cost built on the shared
-    variables directly reads them as they are. BN running statistics are
+    ``model.tmx_layers``, and the data inputs. The graph is the model's own,
+    rewritten with the model's feed (:class:`~theanompi_ext.contract_feed.ModelFeed`)
+    to read the shared file batch; its one input, if any, is the sub-batch
+    index ``model.subb_ind``. BN running statistics are
     left to the model, as in the serial path.
     """
 
-    def __init__(self, model, loss_scale):
+    def __init__(self, model, loss_scale, feed=None):
         from .engine import T, shared, toposort
+        from .contract_feed import ModelFeed
         entries = layer_entries(model)
         if entries is None:
             raise ValueError('the model has no tmx_layers attribute')
         self.layers = [(name, params) for name, _, params in entries]
-        self.layer_outputs = [output for _, output, _ in entries]
-        self.inputs, self.data_roots, self._sources = [], [], []
-        for sym, sh in (('x', 'shared_x'), ('y', 'shared_y')):
-            a, b = getattr(model, sym, None), getattr(model, sh, None)
-            if a is not None and not hasattr(a, 'get_value'):
-                if b is None or not hasattr(b, 'get_value'):
-                    raise ValueError('model.%s is symbolic but model.%s is not a shared '
-                                     'variable: cannot feed the batch' % (sym, sh))
-                self.inputs.append(a)
-                self.data_roots.append(a)
-                self._sources.append(b)
-            elif b is not None and hasattr(b, 'get_value'):
-                self.data_roots.append(b)
+        self.data_roots = [v for v in (getattr(model, 'shared_x', None),
+                                       getattr(model, 'shared_y', None)) if hasattr(v, 'get_value')]
         if not self.data_roots:
             raise ValueError('the model has neither model.x/model.y nor model.shared_x/'
                              'shared_y: cannot tell where the batch enters its graph')
-        self.loss_sum = model.cost
         err = getattr(model, 'error', None)
         self.has_error = err is not None
-        self.err_sum = err if err is not None else T.constant(np.float32(np.nan))
-        self.scale = shared(np.float32(loss_scale), name='loss_scale')
-        self.cost = model.cost * self.scale
-        self.stat_updates = []
         # The outputs must be on the cost's graph, each computed from the one before.
         ancestors = set(v for node in toposort([model.cost]) for v in node.outputs)
         for i, (name, output, _) in enumerate(entries):
@@ -234,10 +223,25 @@ class ContractGraph(object):
                 raise ValueError('model.tmx_layers must be in forward order: the output of '
                                  'entry %d (%s) is not computed from that of entry %d (%s)'
                                  % (i, name, i - 1, entries[i - 1][0]))
+        self.model_feed = feed if feed is not None else ModelFeed(model)
+        # The model's graph as its own train function runs it: read from the
+        # shared file batch through the model's givens (slice, dimshuffle, ...).
+        outs = self.model_feed.clone([model.cost] + ([err] if err is not None else []) +
+                                     [output for _, output, _ in entries])
+        cost = outs[0]
+        self.layer_outputs = outs[1 + self.has_error:]
+        self.inputs = list(self.model_feed.inputs)
+        self.data_roots += self.inputs
+        self.loss_sum = cost
+        self.err_sum = outs[1] if self.has_error else T.constant(np.float32(np.nan))
+        self.scale = shared(np.float32(loss_scale), name='loss_scale')
+        self.cost = cost * self.scale
+        self.stat_updates = []
 
     def feed(self, x=None, y=None):
-        """Values of :attr:`inputs`: the batch now in the model's shared variables."""
-        return [src.get_value(borrow=True) for src in self._sources]
+        """Values of :attr:`inputs`: ``x`` is the sub-batch index (the batch
+        itself is already in the model's shared variables)."""
+        return self.model_feed.values(x or 0)
 
 
 class NonFiniteStep(FloatingPointError):
@@ -285,8 +289,13 @@ class ContractStepper(object):
                                     nesterov=opts['nesterov'])
         self.rule = make_rule(sync_type, comm, self.layout, n_exch_params, self.params.tags,
                               self.exchanger, rule_opts)
-        self.n = opts['batch_per_worker']
-        self.iters_per_epoch = int(model.data.n_batch_train)
+        from .contract_feed import ModelFeed
+        self.feed = ModelFeed(model, opts['batch_per_worker'],
+                              outputs=[getattr(model, 'error', None)])
+        self.n = self.feed.n
+        self.n_subb = self.feed.n_subb
+        # One iteration is one sub-batch (Theano-MPI's worker loop).
+        self.iters_per_epoch = int(model.data.n_batch_train) * self.n_subb
         self.schedule = Schedule(opts['base_lr'], k * self.n, self.iters_per_epoch,
                                  int(model.n_epochs), opts['ref_batch'], opts['warmup'],
                                  opts['warmup_epochs'], decay_epochs=(), workers=k)
@@ -298,10 +307,11 @@ class ContractStepper(object):
         if self.overlap:
             from .backward.chunked import ChunkedBackward
             self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
-                None, self.params.vars, 1.0 / k, graph=ContractGraph(model, 1.0 / k)))
+                None, self.params.vars, 1.0 / k,
+                graph=ContractGraph(model, 1.0 / k, feed=self.feed)))
             self.gradfn = None
         else:
-            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order))
+            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order, self.feed))
         self.grads = np.zeros(self.layout.total, np.float32)
         self.master = self.params.values.copy()
         self._stats = np.zeros(2, np.float32)
@@ -322,6 +332,17 @@ class ContractStepper(object):
         self.params.values[...] = self.master
         self.rebind()
 
+    def model_step_moved(self):
+        """True when the model's own train function changed its parameters since our last step.
+
+        Theano-MPI models compiled by its ``pre_model_iter_fn(k>1)`` never do:
+        their parameters move only in ``cdd``'s second step, after the
+        exchange has filled ``vels2``.
+        """
+        return any(not np.array_equal(np.asarray(var.get_value()).reshape(-1),
+                                      self.master[self.layout.slice(i)])
+                   for i, var in enumerate(self.params.vars))
+
     def lr(self):
         """This iteration's rate: our schedule times the model's own decay
         (``shared_lr / base_lr``, which ``adjust_hyperp`` changes)."""
@@ -331,21 +352,22 @@ class ContractStepper(object):
             mult = float(shared_lr.get_value()) / self.opts['base_lr']
         return self.schedule.lr(self.iteration) * mult
 
-    def step(self):
-        """Gradients on the loaded batch, exchange, update; returns (cost, error, lr).
+    def step(self, subb=0):
+        """Gradients on sub-batch ``subb`` of the loaded batch, exchange, update.
 
-        ``cost``/``error`` are this worker's (the model's per-n means).
+        Returns (cost, error, lr); ``cost``/``error`` are this worker's (the
+        model's per-n means).
         """
         self.restore()
         if self.overlap:
             cost, error = self.backward.run(
-                None, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
+                subb, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
             if not self.backward.graph.has_error:
                 error = float('nan')
             # A non-finite gradient anywhere makes every rank's sum non-finite.
             self.exchanger.finish(self.grads)
         else:
-            cost, error, gvals = self.gradfn()
+            cost, error, gvals = self.gradfn(subb)
             inv_k = np.float32(1.0 / self.k)
             for i, g in enumerate(gvals):
                 np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,

@@ -13,38 +13,15 @@ and no user has to set ``THEANO_FLAGS`` by hand:
 * Python 3.11 cannot build the C extension of ``scan``
   (``longintrepr.h`` is gone), so we make Theano fall back to Python scan.
 
-Flags the user did set in ``THEANO_FLAGS`` win over these defaults.
+Flags the user did set in ``THEANO_FLAGS`` or in a ``.theanorc`` win over these
+defaults (:mod:`theanompi_ext.engine_flags`, which does this without importing
+Theano, for the launching side).
 """
 import os
 import sys
 import warnings
 
-DEFAULT_FLAGS = {
-    'floatX': 'float32',
-    'blas.ldflags': '',
-    'warn_float64': 'ignore',
-}
-
-
-def _cache_dir():
-    """Return the compile-cache directory, creating it."""
-    path = os.environ.get('THEANOMPI_EXT_CACHE') or os.path.join(
-        os.path.expanduser('~'), '.cache', 'theanompi_ext')
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def _merged_flags(user_flags):
-    """Our defaults, overridden by whatever the user put in THEANO_FLAGS."""
-    flags = dict(DEFAULT_FLAGS)
-    flags['base_compiledir'] = _cache_dir()
-    order = list(flags)
-    for item in filter(None, (s.strip() for s in user_flags.split(','))):
-        key, _, value = item.partition('=')
-        if key not in flags:
-            order.append(key)
-        flags[key] = value
-    return ','.join('%s=%s' % (k, flags[k]) for k in order)
+from .engine_flags import merged_flags as _merged_flags
 
 
 def _configure_and_import():

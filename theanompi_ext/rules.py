@@ -34,9 +34,21 @@ def _model_source(modelfile):
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
+    from .engine_flags import configured_environment
     try:
-        spec = importlib.util.find_spec(modelfile)
+        # find_spec imports the module's parent packages, which may import
+        # Theano: configure it first, as the ranks do.
+        with configured_environment():
+            spec = importlib.util.find_spec(modelfile)
     except (ImportError, ValueError) as exc:
+        parent = modelfile.rpartition('.')[0]
+        missing = getattr(exc, 'name', None) or ''
+        # A module of the dotted path itself missing is "not found"; anything
+        # else is the package's own import failing (a dependency, a bug).
+        if isinstance(exc, ImportError) and parent and missing and \
+                not (modelfile + '.').startswith(missing + '.'):
+            raise ValueError('model module %s: importing its package %s failed: %s: %s'
+                             % (modelfile, parent, type(exc).__name__, exc))
         spec, why = None, str(exc)
     else:
         why = 'no such module'
@@ -108,16 +120,18 @@ class BSP(object):
         """Start one rank per device and return immediately.
 
         ``devices``: list like ``['cuda0', 'cuda1']`` or ``['cpu0', 'cpu1']``
-        (also a comma-separated string). ``options``: exchange options of
+        (also a comma-separated string), or across nodes Theano-MPI's
+        ``['node0:cuda0', 'node1:cuda0,cuda1']`` (rank r takes the r-th device). ``options``: exchange options of
         :data:`theanompi_ext.contract.OPTION_DEFAULTS` (e.g.
         ``warmup='theanompi'``), passed to the ranks in the environment.
         """
-        from .launch.mpiexec import mpiexec_command
-        if isinstance(devices, str):
-            devices = [d.strip() for d in devices.split(',') if d.strip()]
-        devices = list(devices)
+        from .launch.mpiexec import mpiexec_command, find_mpiexec
+        from .launch.devices import parse_devices, remote_hosts, host_args
         if not devices:
             raise ValueError('no devices given')
+        pairs = parse_devices(devices)
+        devices = [d for _, d in pairs]
+        hosts = remote_hosts(pairs)
         if self.sync_type not in SYNC_TYPES:
             raise ValueError('unknown sync_type %r; choose from %s' % (self.sync_type, SYNC_TYPES))
         if self.exch_strategy not in EXCH_STRATEGIES:
@@ -130,7 +144,9 @@ class BSP(object):
         argv = [sys.executable, '-u', '-m', 'theanompi_ext.theanompi_worker', modelfile,
                 modelclass, self.sync_type, self.exch_strategy, ','.join(devices)]
         self.devices = devices
-        self.command = mpiexec_command(len(devices), argv)
+        mpiexec = find_mpiexec()
+        self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
+                                       extra=host_args(hosts, mpiexec) if hosts else ())
         # Own process group: wait() can stop mpiexec and every rank together.
         self.proc = subprocess.Popen(self.command, env=env, start_new_session=True)
         return self

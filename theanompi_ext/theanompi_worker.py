@@ -11,8 +11,10 @@ a CPU machine the device only names the rank). Options of the exchange
 environment variables, see :data:`theanompi_ext.contract.OPTION_DEFAULTS`.
 
 The loop mirrors Theano-MPI's BSP worker: build ``modelclass(config)``,
-``compile_iter_fns(sync_type)``, then per epoch the training batches
-(load batch, our gradient + exchange + update), a validation pass,
+``compile_iter_fns(sync_type)``, then per epoch the training file batches,
+each in ``model.n_subb`` sub-batches (``train_iter``, then our gradient +
+exchange + update: one iteration per sub-batch), a validation pass over
+every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
 ends the job (``train.worker.guarded``).
 """
@@ -76,6 +78,13 @@ class Recorder(object):
         return lambda *a, **k: None
 
 
+AVG_NOTE = ('theanompi_ext: note: the model\'s own train function did not move its parameters '
+            '(as with Theano-MPI\'s pre_model_iter_fn(k>1), which updates them only in cdd\'s '
+            'second step): under Theano-MPI\'s avg such a model does not train at all; '
+            'theanompi_ext\'s avg takes the local step itself (see '
+            'docs/migrating-from-theano-mpi.md, "avg")')
+
+
 def choose_mode(model, exch_strategy, sync_type='kn'):
     """(mode, reason): the exchange actually used for a contract model.
 
@@ -107,12 +116,16 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     from .collective import create_communicator
     from .contract import ContractStepper, resolve_options
     from .train.trainer import compile_in_turn
+    from .contract_outputs import write_record, snapshot_due, save_snapshot
     own_comm = comm is None
     comm = comm or create_communicator('auto')
     rank, size = comm.rank, comm.size
     if len(devices) != size:
         raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
     log = log if rank == 0 else (lambda *a, **k: None)
+    # Engine configuration first: a model module that imports Theano itself
+    # then finds it configured (a user's .theanorc still wins, see engine).
+    from . import engine  # noqa: F401
     cls = import_model_class(modelfile, modelclass)
     config = {'verbose': rank == 0, 'rank': rank, 'size': size, 'mname': modelclass,
               'device': devices[rank], 'sync_type': sync_type, 'exch_strategy': exch_strategy}
@@ -130,38 +143,50 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     stepper = ContractStepper(model, comm, sync_type, opts, log=log,
                               overlap=(mode == 'ar-overlap'))
     hook = getattr(model, 'load_train_batch', None)
+    n, n_subb = stepper.n, stepper.n_subb
     log('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
-        'batch %d x %d = %d, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
-        % (modelclass, size, ','.join(devices), sync_type, mode, why, size,
-           opts['batch_per_worker'], size * opts['batch_per_worker'], opts['base_lr'],
+        'batch %d x %d = %d per iteration (one iteration = one sub-batch; %s), '
+        '%d iterations per epoch, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
+        % (modelclass, size, ','.join(devices), sync_type, mode, why, size, n, size * n,
+           stepper.feed.describe(), stepper.iters_per_epoch, opts['base_lr'],
            stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
-           'model.load_train_batch(i)' if hook else
-           'model.train_iter(i) then our parameters restored (no load_train_batch hook)'))
+           'model.load_train_batch(i) per file batch' if hook else
+           'model.train_iter(i) per sub-batch, then our parameters restored '
+           '(no load_train_batch hook)'))
     recorder = Recorder()
     history, t_start, done = [], time.perf_counter(), False
     stats = np.zeros(5, np.float32)
     for epoch in range(int(model.n_epochs)):
         model.epoch = epoch
         losses, errs = [], []
+        t_epoch, times_before = time.perf_counter(), dict(recorder.times)
         for i in range(int(model.data.n_batch_train)):
-            if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
-                done = True
+            for subb in range(n_subb):
+                if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
+                    done = True
+                    break
+                if hook:
+                    if subb == 0:
+                        hook(i)
+                else:
+                    model.train_iter(i, recorder)
+                    if stepper.iteration == 0 and sync_type == 'avg' and \
+                            not stepper.model_step_moved():
+                        log(AVG_NOTE)
+                recorder.start()
+                cost, err, lr = stepper.step(subb)
+                recorder.end('calc+comm')
+                losses.append(cost)
+                errs.append(err)
+            if done:
                 break
-            if hook:
-                hook(i)
-            else:
-                model.train_iter(i, recorder)
-            recorder.start()
-            cost, err, lr = stepper.step()
-            recorder.end('calc+comm')
-            losses.append(cost)
-            errs.append(err)
         model.reset_iter('train')
         if not losses:
             break
         recorder.val = []
         for j in range(int(getattr(model.data, 'n_batch_val', 0) or 0)):
-            model.val_iter(j, recorder)
+            for _ in range(n_subb):        # every sub-batch, as Theano-MPI validates
+                model.val_iter(j, recorder)
         model.reset_iter('val')
         vals = np.array(recorder.val or [(np.nan, np.nan)], np.float64)
         stats[...] = (np.mean(losses), np.nanmean(errs) if np.any(np.isfinite(errs)) else 0,
@@ -170,7 +195,15 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
         rec = dict(epoch=epoch + 1, train_loss=float(stats[0] / size),
                    train_err=float(stats[1] / size), val_loss=float(stats[2] / size),
                    val_err=float(stats[3] / size), lr=float(lr), iterations=stepper.iteration)
+        rec['times_s'] = {m: t - times_before.get(m, 0.0) for m, t in recorder.times.items()}
+        rec['epoch_s'] = time.perf_counter() - t_epoch
         history.append(rec)
+        if rank == 0 and opts['out']:
+            write_record(opts['out'], history, title='%s, %d ranks' % (modelclass, size))
+            if snapshot_due(epoch + 1, int(model.n_epochs), opts['snapshot_freq']):
+                save_snapshot(opts['out'], epoch + 1, stepper.iteration,
+                              [p.name for p in model.params],
+                              [p.get_value() for p in model.params])
         log('epoch %d/%d  loss %.4f  train err %.3f  val loss %.4f  val err %.3f  lr %.4f'
             % (rec['epoch'], model.n_epochs, rec['train_loss'], rec['train_err'],
                rec['val_loss'], rec['val_err'], rec['lr']))

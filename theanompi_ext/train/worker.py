@@ -102,8 +102,11 @@ def guarded(fn):
         comm = MPI.COMM_WORLD
         status = faults.exit_status(exc)
         faults.note_rank('failed %d' % status)
-        sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s\n'
-                         % (comm.rank, comm.size, type(exc).__name__, exc))
+        from .error_location import error_location
+        where = error_location(exc)
+        sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s%s\n'
+                         % (comm.rank, comm.size, type(exc).__name__, exc,
+                            ' [at %s]' % where if where else ''))
         sys.stderr.flush()
         if os.environ.get('THEANOMPI_EXT_TRACEBACK'):
             import traceback

@@ -1,0 +1,110 @@
+"""Theano-MPI compatibility around the model: launcher flags and keys, DEVICES,
+engine flags vs a user's .theanorc, install_into_theanompi's refusals."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+DROPIN = os.path.join(ROOT, 'tests', 'dropin')
+
+
+def test_theanompi_flags_and_session_keys(tmp_path):
+    from theanompi_ext.tmlauncher import parse_args, session_from_file
+    cfg = tmp_path / 's.cfg'
+    cfg.write_text("RULE=BSP\nBSP_SYNC_TYPE='avg'  # Theano-MPI's key\n"
+                   'MODELFILE=%s\nMODELCLASS=DigitsMLP\n'
+                   'DEVICES=("node0:cuda0"\n   "node1:cuda0,cuda1")\n'
+                   % os.path.join(DROPIN, 'digits_contract.py'))
+    flags = parse_args(['-cfg=%s' % cfg, '-bsp_exch_strategy=ar'])
+    s = session_from_file(flags['cfg'], flags)
+    assert s['sync_type'] == 'avg' and s['exch_strategy'] == 'ar'
+    assert s['devices'] == ['node0:cuda0', 'node1:cuda0,cuda1']
+    # A flag contradicting the file is an error, not silently one or the other.
+    flags = parse_args(['--config=%s' % cfg, '-bsp_sync_type=kn'])
+    with pytest.raises(ValueError, match='SYNC_TYPE=kn on the command line but SYNC_TYPE=avg'):
+        session_from_file(flags['cfg'], flags)
+
+
+@pytest.mark.parametrize('argv,needle', [
+    (['-cfg=x', '-bind'], 'flag -bind (core binding) is not supported'),
+    (['-cfg=x', '-s=4'], 'flag -s (a size (the number of ranks is the number of DEVICES))'),
+    (['-cfg=x', '--colour=blue'], "unknown flag '--colour=blue'"),
+    ([], 'no session config given'),
+])
+def test_flags_the_launcher_does_not_take_are_errors(argv, needle):
+    from theanompi_ext.tmlauncher import parse_args
+    with pytest.raises(ValueError) as exc:
+        parse_args(argv)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize('line,needle', [
+    ('BSP_EXCH_STRATEGY=nccl32', "EXCH_STRATEGY=nccl32 is Theano-MPI's pygpu NCCL"),
+    ('DEVICES=("node0:")', "DEVICES entry 'node0:'"),
+    ('DEVICES=("node0:cuda0"', 'array DEVICES=( is not closed'),
+])
+def test_bad_session_values(tmp_path, line, needle):
+    from theanompi_ext.tmlauncher import session_from_file
+    cfg = tmp_path / 's.cfg'
+    devices = '' if line.startswith('DEVICES') else 'DEVICES=cpu0,cpu1\n'
+    cfg.write_text('RULE=BSP\nMODELFILE=digits_contract\nMODELCLASS=DigitsMLP\n%s%s\n'
+                   % (devices, line))
+    with pytest.raises(ValueError) as exc:
+        session_from_file(str(cfg))
+    assert needle in str(exc.value)
+
+
+def test_devices_across_hosts_place_ranks_in_order():
+    from theanompi_ext.launch.devices import parse_devices, remote_hosts, host_args
+    pairs = parse_devices(['node0:cuda0', 'node1:cuda0,cuda1'])
+    assert pairs == [('node0', 'cuda0'), ('node1', 'cuda0'), ('node1', 'cuda1')]
+    assert remote_hosts(pairs) == [('node0', 1), ('node1', 2)]
+    assert remote_hosts(parse_devices('cuda0,cuda1')) is None
+    assert remote_hosts(parse_devices(['localhost:cuda0,cuda1'])) is None
+    mpiexec = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    assert host_args([('node0', 1), ('node1', 2)], mpiexec)[1] == 'node0:1,node1:2'
+
+
+def test_users_theanorc_wins_over_our_defaults(tmp_path):
+    from theanompi_ext.engine_flags import merged_flags
+    rc = tmp_path / 'rc'
+    rc.write_text('[global]\nfloatX = float64\n\n[blas]\nldflags = -lopenblas\n')
+    flags = dict(f.split('=', 1) for f in merged_flags('', {'THEANORC': str(rc)}).split(','))
+    assert 'floatX' not in flags and 'blas.ldflags' not in flags     # the .theanorc's apply
+    assert flags['warn_float64'] == 'ignore'
+    flags = dict(f.split('=', 1) for f in merged_flags('', {'THEANORC': str(tmp_path / 'none')})
+                 .split(','))
+    assert flags['floatX'] == 'float32' and flags['blas.ldflags'] == ''
+    # THEANO_FLAGS still win over everything.
+    assert 'floatX=float16' in merged_flags('floatX=float16', {'THEANORC': str(rc)})
+
+
+def _install_in(tmp_path, files):
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    code = ('from theanompi_ext.exchange.theanompi_exchanger import install_into_theanompi\n'
+            'print("installed", install_into_theanompi())\n')
+    return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.mark.parametrize('files,needle', [
+    ({}, 'Theano-MPI is not importable'),
+    ({'theanompi/__init__.py': '', 'theanompi/lib/__init__.py': '',
+      'theanompi/lib/exchanger.py': 'import pygpu_not_here\n'},
+     'pygpu_not_here is missing'),
+    ({'theanompi/__init__.py': '', 'theanompi/lib/__init__.py': '',
+      'theanompi/lib/exchanger.py': 'Exchanger = object\n'},
+     'a Theano-MPI version this project does not recognise'),
+])
+def test_install_says_why_it_cannot(tmp_path, files, needle):
+    res = _install_in(tmp_path, files)
+    assert res.returncode == 0, res.stderr
+    assert 'installed False' in res.stdout
+    assert 'install_into_theanompi: not installed: ' in res.stderr and needle in res.stderr
