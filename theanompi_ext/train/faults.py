@@ -49,6 +49,18 @@ def exit_status(exc):
     return EXIT_FAILED
 
 
+def stop_with_parent():
+    """A rank ends when its parent (hydra's proxy, or the launcher) is gone.
+
+    SIGTERM: the default action ends the rank at once, except inside a file
+    write, which finishes first (``atomic.deferred_signals``).
+    """
+    import signal
+    from ..launch.mpiexec import in_mpi_job, set_parent_death_signal
+    if in_mpi_job():       # the parent is hydra's proxy (or another MPI's daemon)
+        set_parent_death_signal(signal.SIGTERM)
+
+
 def note_rank(state, rank=None):
     """Record this rank's state for the launcher (no-op unless it asked for notes)."""
     folder = os.environ.get(RANKS_DIR_VAR)
@@ -90,7 +102,7 @@ def read_rank_notes(folder):
 # a node-local copy and ``extra`` holds loader/model keywords; what matters of
 # them (the data sizes, the model) is compared directly.
 _PER_RANK_OPTIONS = ('quiet', 'timeline', 'collective_timeout_s', 'stall_warn_s', 'data',
-                     'extra')
+                     'extra', 'write_timeout_s', 'overwrite')
 
 
 def run_signature(trainer):

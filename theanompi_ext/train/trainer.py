@@ -231,11 +231,14 @@ class Trainer(object):
             if cfg.out and cfg.checkpoint:
                 self.save_checkpoint()
         if self.timeline is not None:
-            self.timeline.save(cfg.timeline, self.comm)
+            # written with the other final outputs (worker.write_outputs)
+            self.trace = self.timeline.gather(self.comm)
         return self.summary(time.perf_counter() - t_start, step_times)
 
     # -- checkpoints and progress --------------------------------------------
     _partial = None
+    _saved_at = None      # the iteration of the last checkpoint written or resumed
+    trace = None          # rank 0: the gathered timeline, once train() ends
 
     def _checkpoint_due(self, it_in_epoch):
         every = self.cfg.checkpoint_every
@@ -249,15 +252,33 @@ class Trainer(object):
         return os.path.join(self.cfg.out, FILENAME)
 
     def save_checkpoint(self, partial=None):
-        """Write the checkpoint (all ranks take part; rank 0 writes)."""
+        """Write the checkpoint (all ranks take part; rank 0 writes).
+
+        The whole of it is one watched wait bounded by ``write_timeout_s``
+        on every rank, so a writer hung in I/O (or stopped) ends the job
+        with its rank and the file named (docs/faults.md).
+        """
         from . import checkpoint
-        checkpoint.save(self, self.checkpoint_path(), partial)
-        self.comm.barrier()   # rank 0's write must not count against the next step
+        if self.iteration == self._saved_at:
+            return    # this state is on disk already (e.g. max_steps on a checkpoint step)
+        path = self.checkpoint_path()
+        with self.writing('checkpoint %s (written by rank 0)' % path, path):
+            checkpoint.save(self, path, partial)
+            self.comm.barrier()   # rank 0's write must not count against the next step
+        self._saved_at = self.iteration
+
+    def writing(self, label, path):
+        """The bounded phase in which rank 0 writes ``path`` and the others wait."""
+        note = 'this rank (the writer) has not finished writing %s' % path \
+            if self.comm.rank == 0 else None
+        return self.comm.bounded(self.iteration, label, self.cfg.write_timeout_s,
+                                 'write_timeout_s', note)
 
     def resume(self):
         """Continue from the checkpoint in ``cfg.out``."""
         from . import checkpoint
         self._partial = checkpoint.load(self, self.checkpoint_path())
+        self._saved_at = self.iteration
         self.log('resumed from %s at iteration %d' % (self.checkpoint_path(), self.iteration))
 
     def progress(self, epoch, done=0, loss=0.0):
