@@ -251,6 +251,8 @@ def unseal(data, path):
     m = _HEADER.match(head, len(_MAGIC))
     if not m:
         raise CorruptFile('%s: the checksum header is damaged' % path)
+    if any(head[m.end():]):
+        raise CorruptFile('%s: the checksum header is damaged' % path)
     want_sha, want_size = m.group(1).decode(), int(m.group(2))
     body = memoryview(data)[USERBLOCK:]
     if len(body) != want_size:
@@ -344,6 +346,9 @@ def run_isolated(fn, path, what='the file'):
             os.close(res_r)
             os.close(err_r)
             os.dup2(err_w, 2)
+            sys.stderr = open(2, 'w', buffering=1, closefd=False)
+            import faulthandler
+            faulthandler.disable()      # a crash is reported by the parent, in one line
             try:
                 out = {'ok': fn()}
             except BaseException as exc:  # noqa: B902 - reported to the parent
@@ -373,7 +378,8 @@ def run_isolated(fn, path, what='the file'):
         if out['kind'] == 'os':
             raise WriteError(None, out['error'] if path in out['error'] else
                              '%s: could not write %s: %s' % (path, what, out['error']))
-        raise RuntimeError('%s: %s' % (out['type'], out['error']))
+        raise WriteError(None, '%s: could not write %s: %s: %s'
+                         % (path, what, out['type'], out['error']))
     _remove_new_temporaries(folder, base, before)
     if os.WIFSIGNALED(wstatus):
         died = 'the writer crashed (%s)' % signal.Signals(os.WTERMSIG(wstatus)).name

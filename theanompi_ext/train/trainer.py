@@ -5,6 +5,7 @@ same seed, checks that its parameters and bucket plan match the other
 ranks' before the first step, then runs identical iterations (the number
 of steps per epoch is the same everywhere, see :mod:`theanompi_ext.data.shards`).
 """
+import contextlib
 import time
 
 import numpy as np
@@ -267,12 +268,21 @@ class Trainer(object):
             self.comm.barrier()   # rank 0's write must not count against the next step
         self._saved_at = self.iteration
 
+    @contextlib.contextmanager
     def writing(self, label, path):
-        """The bounded phase in which rank 0 writes ``path`` and the others wait."""
+        """The phase in which rank 0 writes ``path`` and the others wait for it.
+
+        Bounded by ``write_timeout_s``; SIGTERM/SIGHUP/SIGINT wait for its end
+        on every rank (a rank that died meanwhile would make hydra kill the
+        writer mid-write), so a job told to stop finishes the write first.
+        """
+        from ..atomic import deferred_signals
         note = 'this rank (the writer) has not finished writing %s' % path \
             if self.comm.rank == 0 else None
-        return self.comm.bounded(self.iteration, label, self.cfg.write_timeout_s,
-                                 'write_timeout_s', note)
+        with deferred_signals(), self.comm.bounded(self.iteration, label,
+                                                   self.cfg.write_timeout_s,
+                                                   'write_timeout_s', note):
+            yield
 
     def resume(self):
         """Continue from the checkpoint in ``cfg.out``."""
