@@ -177,15 +177,15 @@ def test_signal_to_launcher_stops_every_rank(tmp_path, sig):
             assert re.search(r'--out \S+ is in use by another job \(pid %d on ' % job.proc.pid,
                              r.stderr), r.stderr
         time.sleep(random.Random(sig).uniform(0.0, 1.0))
-        t_sig = time.monotonic()
         os.kill(job.proc.pid, sig)
+        took = job.gone_within(20)
         rc = job.wait()
-        took = job.gone_within(15)
     finally:
         job.finish()
-    print('\n%s to the launcher -> every process gone in %.2f s'
-          % (signal.Signals(sig).name, time.monotonic() - t_sig if took is None else took))
-    assert took is not None
+    print('\n%s to the launcher -> every process of the job gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    # the ranks get STOP_GRACE_S (3 s) to end before SIGKILL
+    assert took is not None and took < 8, took
     assert rc == (-9 if sig == signal.SIGKILL else 128 + sig), (rc, job.err()[-3000:])
     if sig != signal.SIGKILL:
         assert 'stopped by %s: every rank of the job ended' % signal.Signals(sig).name \
@@ -216,11 +216,13 @@ def test_signal_during_checkpoint_write(tmp_path, sig):
         assert job.proc.poll() is None, job.err()[-3000:]
         _, _, writing = fault_line(job.err())
         os.kill(job.proc.pid, sig)
+        took = job.gone_within(20)
         rc = job.wait()
-        took = job.gone_within(15)
     finally:
         job.finish()
-    assert took is not None
+    print('\n%s to the launcher during a write -> every process gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    assert took is not None and took < 8, took
     on_disk = good_checkpoint(tmp_path / 'run' / checkpoint.FILENAME)
     if sig == signal.SIGTERM:
         assert rc == 143, job.err()[-3000:]

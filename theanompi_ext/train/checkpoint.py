@@ -173,8 +173,9 @@ def check_options(path, saved, cfg):
     ``saved``: the checkpoint's config dict; ``cfg``: this run's TrainConfig.
     """
     from .config import TrainConfig
-    now = cfg.to_dict()
-    default = TrainConfig().to_dict()
+    # compared as validated (derived defaults such as exch_strategy filled in)
+    saved, now = _validated(saved), _validated(cfg.to_dict())
+    default = TrainConfig().validate().to_dict()
     diffs = []
     for key in sorted(set(saved) | set(now)):
         if key in RESUME_MAY_CHANGE:
@@ -190,6 +191,14 @@ def check_options(path, saved, cfg):
             'on --resume)' % (path, '; '.join(diffs),
                               ', '.join(sorted(k.replace('_', '-') for k in RESUME_MAY_CHANGE
                                                if k not in ('resume', 'overwrite')))))
+
+
+def _validated(d):
+    from .config import TrainConfig
+    try:
+        return TrainConfig.from_dict(d).validate().to_dict()
+    except (TypeError, ValueError):    # keys of another version: compare as they are
+        return d
 
 
 def _show(v):

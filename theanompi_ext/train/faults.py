@@ -15,7 +15,15 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
 N  ``mpiexec``'s own status when a rank was killed by a signal (9 for
    SIGKILL and the OOM killer, 11 for a segfault); the launcher names the
    rank
+1xx the launcher was stopped: 130 SIGINT, 143 SIGTERM, 129 SIGHUP (128 +
+   the signal's number; every rank has ended, ``launch/postmortem.py``)
 == =====================================================================
+
+Also 2: an output folder in use or holding another run, an output path that
+cannot be written, a corrupt checkpoint or one resumed with other options;
+3: a file that cannot be written (``atomic.WriteError``), a state that is not
+finite when it would be saved (``checkpoint.DivergedState``); 4: also a
+checkpoint or final-output write longer than ``write_timeout_s``.
 
 Rank notes: when ``THEANOMPI_EXT_RANKS_DIR`` is set (``theanompi-ext train``
 sets it when it starts mpiexec), every rank writes ``rank<R>`` there:
@@ -38,8 +46,9 @@ def bad_input_types():
     """Exception types that mean "bad input" (exit status 2)."""
     from ..data.hdf5 import DataError
     from .checkpoint import CheckpointError
+    from .outdir import OutputFolderError
     from .trainer import RankMismatchError
-    return (DataError, CheckpointError, RankMismatchError)
+    return (DataError, CheckpointError, RankMismatchError, OutputFolderError)
 
 
 def exit_status(exc):

@@ -87,7 +87,8 @@ def output_files(cfg, summary, trainer):
     if trainer.trace is not None:
         from ..exchange.timeline import plot_trace
         files[cfg.timeline + '.json'] = json.dumps(trainer.trace).encode()
-        png = _render(plot_trace, cfg.timeline + '.png', trainer.trace)
+        png = _render(lambda f, trace: plot_trace(trace, f), cfg.timeline + '.png',
+                      trainer.trace)
         if png is not None:
             files[cfg.timeline + '.png'] = png
     if cfg.out:
