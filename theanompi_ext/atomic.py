@@ -226,17 +226,21 @@ def remove_stale_temporaries(folder, all_of_them=False):
 def seal(data):
     """Fill the user block of an HDF5 image ``data`` with the checksum of the rest.
 
-    ``data`` must have been built with ``userblock_size=USERBLOCK``; returns bytes.
+    ``data`` must have been built with ``userblock_size=USERBLOCK``. A writable
+    buffer (``BytesIO.getbuffer()``, a bytearray) is sealed in place and
+    returned, so a large checkpoint is not copied; bytes give new bytes.
     """
-    body = memoryview(data)[USERBLOCK:]
+    view = memoryview(data)
+    if view.readonly:
+        return bytes(seal(bytearray(data)))
+    body = view[USERBLOCK:]
     header = _MAGIC + b'sha256 %s\nsize %d\n' % (hashlib.sha256(body).hexdigest().encode(),
                                                 len(body))
-    out = bytearray(data)
-    if any(out[:USERBLOCK]):
+    if any(view[:USERBLOCK]):
         raise ValueError('the user block is not empty (built without userblock_size=%d?)'
                          % USERBLOCK)
-    out[:len(header)] = header
-    return bytes(out)
+    view[:len(header)] = header
+    return data
 
 
 def unseal(data, path):

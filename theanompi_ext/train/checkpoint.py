@@ -88,7 +88,7 @@ def check_finite(states, iteration, path):
 
 
 def build(trainer, states, partial=None):
-    """The sealed bytes of a checkpoint of ``trainer`` with every rank's ``states``."""
+    """The sealed file (a buffer) of a checkpoint of ``trainer`` with every rank's ``states``."""
     import h5py
     buf = io.BytesIO()
     with h5py.File(buf, 'w', userblock_size=atomic.USERBLOCK) as f:
@@ -110,7 +110,7 @@ def build(trainer, states, partial=None):
             g['lr_prev'] = st['lr_prev']
             for name, val in st['stats'].items():
                 g['stats/' + name] = val
-    return atomic.seal(buf.getvalue())
+    return atomic.seal(buf.getbuffer())      # in place: one copy of the state in memory
 
 
 def save(trainer, path, partial=None):
