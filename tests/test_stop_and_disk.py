@@ -236,13 +236,14 @@ def test_signal_during_checkpoint_write(tmp_path, sig):
 
 @pytest.mark.parametrize('fault,rank', [('stopwrite', 0), ('stopwrite', 1), ('stopfinal', 0)])
 def test_rank_stopped_in_a_write_ends_the_job_naming_it(tmp_path, fault, rank):
-    """SIGSTOP of a rank inside a checkpoint write (rank 0 writes, rank 1 waits for
-    it) or inside the final outputs: the watchdog's write_timeout_s ends the job
-    with exit status 4, naming the stopped rank and the file."""
+    """SIGSTOP of a rank inside the checkpoint write after step 4 (rank 0 writes,
+    rank 1 waits for it) or inside the final outputs: the watchdog's
+    write_timeout_s ends the job with exit status 4, naming the stopped rank and
+    the file; the previous checkpoint is on disk, whole."""
     run = tmp_path / 'run'
     path = write_cfg(str(tmp_path / 'cfg.json'), out=str(run), checkpoint_every=2,
                      write_timeout_s=3, stall_warn_s=1)
-    job = Job(explained(mpi_cmd(2, 'run_faults.py', path, tmp_path, fault, rank, 2), 2),
+    job = Job(explained(mpi_cmd(2, 'run_faults.py', path, tmp_path, fault, rank, 4), 2),
               tmp_path)
     try:
         rc = job.wait()
@@ -258,7 +259,8 @@ def test_rank_stopped_in_a_write_ends_the_job_naming_it(tmp_path, fault, rank):
     assert re.search(r"rank %d of 2 \(pid \d+ on \S+\): no progress for [0-9.]+ s in '%s' at "
                      r"step \d+ \(write_timeout_s=3\); not arrived: rank %d \(pid %d on \S+\) "
                      r"no answer" % (other, re.escape(what), rank, pid), err), err[-3000:]
-    assert not temporaries(run) or fault != 'stopfinal'
+    assert good_checkpoint(run / checkpoint.FILENAME) == (6 if fault == 'stopfinal' else 2)
+    assert not temporaries(run) and not (run / 'summary.json').exists()
 
 
 # --------------------------------------------------------------------------- corrupt checkpoints

@@ -334,7 +334,6 @@ def run_isolated(fn, path, what='the file'):
     (``bad_input``/ValueError) as ValueError, OSError as WriteError.
     """
     import json
-    import select  # noqa: F401  (the child may need it; imported before fork)
     import sys
     folder = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)

@@ -81,7 +81,7 @@ def set_parent_death_signal(sig=signal.SIGKILL):
             return False
     except (OSError, AttributeError):
         return False
-    if parent == 1 or os.getppid() != parent:
+    if os.getppid() != parent:      # the parent died before the request took effect
         os.kill(os.getpid(), sig)
     return True
 
