@@ -16,6 +16,14 @@ def cfg(tmp_path, name, **kw):
     return p
 
 
+def reseal(path):
+    """Take the checksum of ``path`` again (after an edit made on purpose)."""
+    from theanompi_ext import atomic
+    data = bytearray(path.read_bytes())
+    data[:atomic.USERBLOCK] = bytes(atomic.USERBLOCK)
+    path.write_bytes(atomic.seal(bytes(data)))
+
+
 def load(path):
     with np.load(path) as z:
         return {k: z[k] for k in z.files}
@@ -96,6 +104,7 @@ def test_other_rank_count_is_refused(one_rank_checkpoint, tmp_path):
     (tmp_path / 'checkpoint.h5').write_bytes((one_rank_checkpoint / 'checkpoint.h5').read_bytes())
     with h5py.File(tmp_path / 'checkpoint.h5', 'r+') as f:
         f.attrs['workers'] = 4
+    reseal(tmp_path / 'checkpoint.h5')      # a file edited on purpose, not a corrupt one
     with pytest.raises(CheckpointError, match='written by 4 ranks; resuming with 1'):
         make_trainer(tmp_path).resume()
 

@@ -15,6 +15,11 @@ FAULT (done on RANK when it starts step ITERATION, or after it for corrupt):
   sleep    sleep ARG seconds, then continue (a slow rank: a stall that recovers)
   corrupt  add ARG to the first exchanged parameter after the step (replicas diverge)
   nan      the batch holds NaN (a NaN in the input data)
+  stopwrite  SIGSTOP itself in the first checkpoint save at or after ITERATION:
+           rank 0 inside the file write, another rank as it enters the save
+  stopfinal  SIGSTOP itself (rank 0) while writing the final outputs
+  slowwrite  rank 0: in the first checkpoint write at or after ITERATION, once the
+           file is written and before it is renamed, sleep ARG seconds (a slow disk)
 
 Before the fault the rank prints ``FAULT <name> rank <r> pid <pid> at <time>``
 (``time.time()``) on stderr. Rank 0 writes OUTDIR/summary<i>.json (without the
@@ -65,8 +70,57 @@ def inject(fault, rank, at, arg):
             self.params.push()
         return out
 
-    if fault != 'none':
+    if fault in ('stopwrite', 'stopfinal', 'slowwrite'):
+        inject_write(fault, rank, at, arg)
+    elif fault != 'none':
         Trainer.step = faulty_step
+
+
+def announce(fault, me, iteration):
+    sys.stderr.write('FAULT %s rank %d pid %d at %.6f iteration %d\n'
+                     % (fault, me, os.getpid(), time.time(), iteration))
+    sys.stderr.flush()
+
+
+def inject_write(fault, rank, at, arg):
+    from theanompi_ext import atomic
+    from theanompi_ext.train import checkpoint
+    me = MPI.COMM_WORLD.rank
+    if me != rank:
+        return
+    save, write_tmp, write_all = checkpoint.save, atomic._write_tmp, atomic.write_all
+    armed = []
+
+    def faulty_save(trainer, path, partial=None):
+        if trainer.iteration >= at and not armed:
+            armed.append(trainer.iteration)
+            if me != 0:
+                announce(fault, me, trainer.iteration)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return save(trainer, path, partial)
+
+    def faulty_write_tmp(path, data, what):
+        if len(armed) != 1:
+            return write_tmp(path, data, what)
+        armed.append('done')
+        if fault == 'stopwrite':
+            announce(fault, me, armed[0])
+            os.kill(os.getpid(), signal.SIGSTOP)
+        tmp = write_tmp(path, data, what)
+        announce(fault, me, armed[0])
+        time.sleep(arg)
+        return tmp
+
+    def faulty_write_all(files, what='the outputs'):
+        announce(fault, me, -1)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return write_all(files, what)
+
+    if fault == 'stopfinal':
+        atomic.write_all = faulty_write_all
+    else:
+        checkpoint.save = faulty_save
+        atomic._write_tmp = faulty_write_tmp
 
 
 def main():

@@ -128,6 +128,7 @@ class Watchdog(object):
         self._thread = None
         self._stop = threading.Event()
         self._t_arm = None
+        self._phase = None          # (limit_s, option name, note) inside bounded()
         self._durations = collections.deque(maxlen=_STEP_HISTORY)
         self.identities = [(os.getpid(), socket.gethostname())]
         if not self.enabled:
@@ -160,15 +161,27 @@ class Watchdog(object):
 
     def enter(self, label):
         """The main thread starts waiting in ``label`` (no-op when disarmed)."""
-        if self.armed:
+        if self.armed and self._phase is None:
             self._seq += 1
             self._state = (self._seq, self.step, label, time.monotonic(), True, True)
 
     def leave(self):
         """The wait entered last has finished."""
         s = self._state
-        if s[4]:
+        if s[4] and self._phase is None:
             self._state = (s[0], s[1], s[2], time.monotonic(), False, self.armed)
+
+    def bounded(self, step, label, limit_s, option='write_timeout_s', note=None):
+        """Context manager: the whole block is one watched wait of at most ``limit_s``.
+
+        For a phase outside the step loop that every rank enters, such as a
+        checkpoint that rank 0 writes while the others wait for it: the
+        collectives inside do not count separately (every rank enters the same
+        sequence of waits). ``option`` names the limit in the report, ``note``
+        (this rank's) replaces "every rank has arrived" when only this rank is
+        late, e.g. "this rank has not finished writing PATH".
+        """
+        return _Bounded(self, step, label, limit_s, option, note)
 
     def limit(self):
         """The wait (s) that aborts now: ``timeout_s``, or more when steps are long."""
@@ -199,7 +212,8 @@ class Watchdog(object):
                 if not waiting:
                     continue
                 waited = time.monotonic() - since
-                limit = self.limit()
+                phase = self._phase
+                limit = phase[0] if phase is not None else self.limit()
                 if limit and waited >= limit:
                     if self._expire(seq, step, label, waited, limit):
                         return
@@ -238,7 +252,10 @@ class Watchdog(object):
             return False     # the last rank arrived just in time
         waited = time.monotonic() - self._state[3]
         why = 'collective_timeout_s=%g' % self.timeout_s
-        if limit > self.timeout_s:
+        phase = self._phase
+        if phase is not None:
+            why = '%s=%g' % (phase[1], phase[0])
+        elif limit > self.timeout_s:
             why += ', stretched to %.1f s = %g x the median step' % (limit, STEP_SLACK)
         text = ("theanompi-ext: rank %d of %d (pid %d on %s): no progress for %.1f s in '%s' "
                 "at step %d (%s); %s; aborting the job (exit status %d)"
@@ -270,6 +287,9 @@ class Watchdog(object):
         if self._chan is None:
             return 'the other ranks cannot be asked (no MPI side channel with this backend)'
         late = self.not_arrived(seq, answers)
+        phase = self._phase
+        if not late and phase is not None and phase[2]:
+            return phase[2]
         if not late:
             return 'every rank has arrived (the collective itself is stuck)'
         parts = []
@@ -365,6 +385,33 @@ class _Waiting(object):
         return False
 
 
+class _Bounded(object):
+    def __init__(self, dog, step, label, limit_s, option, note):
+        self.dog, self.step, self.label = dog, int(step), label
+        self.limit_s, self.option, self.note = float(limit_s or 0), option, note
+
+    def __enter__(self):
+        dog = self.dog
+        if not dog.enabled:
+            return self
+        # A bounded phase replaces the step's arming (the step loop disarmed);
+        # it does not count as a step duration.
+        dog.step, dog.armed = self.step, True
+        dog._seq += 1
+        dog._phase = (self.limit_s, self.option, self.note)
+        dog._state = (dog._seq, self.step, self.label, time.monotonic(), True, True)
+        return self
+
+    def __exit__(self, *exc):
+        dog = self.dog
+        if dog._phase is not None:
+            s = dog._state
+            dog._state = (s[0], s[1], s[2], time.monotonic(), False, False)
+            dog._phase = None
+            dog.armed = False
+        return False
+
+
 def _thread_multiple():
     # The watchdog thread calls MPI while the main thread is inside MPI.
     from mpi4py import MPI
@@ -437,6 +484,10 @@ class WatchedCommunicator(Communicator):
     def disarm(self):
         """Waits are unbounded again (evaluation, checkpoints, start-up)."""
         self.watchdog.disarm()
+
+    def bounded(self, step, label, limit_s, option='write_timeout_s', note=None):
+        """One watched wait around a whole phase (see :meth:`Watchdog.bounded`)."""
+        return self.watchdog.bounded(step, label, limit_s, option, note)
 
 
 def watch(comm, timeout_s=30.0, stall_warn_s=10.0, **kw):

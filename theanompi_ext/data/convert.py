@@ -241,18 +241,29 @@ def register(subparsers):
 
 
 def run(args):
-    """Run the ``convert`` command; returns the exit status."""
+    """Run the ``convert`` command; returns the exit status.
+
+    2: bad input (the source, an option); 3: the output could not be written
+    (a full disk, no permission), with one line naming the path and the
+    cause. The writing runs in a child process (``atomic.run_isolated``), so
+    even a crash inside HDF5 ends as that one line, with no temporary file left.
+    """
+    from ..atomic import WriteError, run_isolated
+    digits = args.src == DIGITS_SOURCE and not os.path.exists(args.src)
     try:
-        if args.src == DIGITS_SOURCE and not os.path.exists(args.src):
+        if digits:
             frac = 0.2 if args.val_fraction is None else args.val_fraction
-            write_digits_h5(args.out, val_fraction=frac, seed=args.seed)
+            run_isolated(lambda: write_digits_h5(args.out, val_fraction=frac, seed=args.seed),
+                         args.out, 'the data set')
             print('%s: digits written' % args.out)
             return 0
-        info = convert_image_folder(args.src, args.out, size=args.size,
-                                    val_fraction=(0.1 if args.val_fraction is None
-                                                  else args.val_fraction),
-                                    seed=args.seed,
-                                    channels=args.channels)
+        info = run_isolated(lambda: convert_image_folder(
+            args.src, args.out, size=args.size,
+            val_fraction=0.1 if args.val_fraction is None else args.val_fraction,
+            seed=args.seed, channels=args.channels), args.out, 'the data set')
+    except WriteError as exc:
+        sys.stderr.write('theanompi-ext convert: error: %s\n' % exc)
+        return 3
     except (DataError, ValueError, OSError) as exc:
         sys.stderr.write('theanompi-ext convert: error: %s\n' % exc)
         return 2

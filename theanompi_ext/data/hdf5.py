@@ -135,6 +135,12 @@ class DatasetWriter(object):
 
     def __enter__(self):
         folder = os.path.dirname(os.path.abspath(self.path))
+        if not self.compression:
+            # the size is known: refuse before writing rather than fill the disk
+            from ..atomic import check_space
+            h, w, c = self.image_shape
+            check_space(self.path, sum(self.sizes.values()) * (h * w * c + 8),
+                        'the data set')
         fd, self._tmp = tempfile.mkstemp(
             dir=folder, prefix='.%s.' % os.path.basename(self.path), suffix='.tmp')
         os.close(fd)

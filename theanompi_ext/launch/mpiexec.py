@@ -64,12 +64,47 @@ def child_env(threads_per_rank=1):
     return env
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig=signal.SIGKILL):
+    """Ask Linux to send ``sig`` to this process when its parent exits.
+
+    Returns False where that is not possible (not Linux). Checks for the race
+    where the parent is already gone (the process was re-parented).
+    """
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        parent = os.getppid()
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:      # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def _die_with_launcher():
+    # preexec_fn of mpiexec: it lives in a session of its own, so nothing
+    # else would stop it when the launcher is SIGKILLed; hydra then ends its
+    # proxies and ranks (measured: 1.3 s).
+    set_parent_death_signal(signal.SIGKILL)
+
+
+def popen_job(cmd, env=None, **kw):
+    """Start ``cmd`` (an mpiexec line) in a session of its own, killed if we die."""
+    return subprocess.Popen(cmd, env=env or child_env(), start_new_session=True,
+                            preexec_fn=_die_with_launcher, **kw)
+
+
 def run_mpiexec(cmd, env=None, timeout=None):
     """Run ``cmd`` in its own process group; Ctrl-C or a timeout stops every rank.
 
     Returns the exit status (non-zero if any rank failed).
     """
-    proc = subprocess.Popen(cmd, env=env or child_env(), start_new_session=True)
+    proc = popen_job(cmd, env)
     try:
         return proc.wait(timeout=timeout)
     except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:

@@ -21,6 +21,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +29,12 @@ import tempfile
 import threading
 import time
 
-from .mpiexec import child_env, stop_group
+from .mpiexec import child_env, popen_job
+
+#: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
+STOP_GRACE_S = 3.0
+#: Signals that stop a job; the launcher then exits with 128 + the signal's number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _PID = re.compile(rb'=\s+PID (\d+) RUNNING AT (\S+)')
 _CODE = re.compile(rb'=\s+EXIT CODE: (\d+)')
@@ -141,9 +147,97 @@ def explain(status, report, notes, size=None, first_exit=None):
             % (who, how, status)), status
 
 
+class Stopped(Exception):
+    """The launcher received a signal that stops the job."""
+
+    def __init__(self, signum):
+        super(Stopped, self).__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def _catch_stop_signals():
+    """SIGTERM and SIGHUP raise :class:`Stopped` (SIGINT already raises
+    KeyboardInterrupt); returns the previous handlers ({} off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def _parent_of(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return int(f.read().rsplit(')', 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _gone(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+    except OSError:
+        return True
+
+
+def stop_job(proc, notes_folder, grace=STOP_GRACE_S):
+    """End the job of mpiexec ``proc`` and every rank of this host, within ``grace`` s + 1.
+
+    SIGTERM to mpiexec's process group (hydra forwards it to every rank) and
+    to each local rank directly, with SIGCONT for stopped ones; whatever is
+    alive after ``grace`` is SIGKILLed: mpiexec, the ranks, and hydra's
+    proxies (each in a session of its own, so no process group reaches them).
+    """
+    from ..train.faults import read_rank_notes
+    host = socket.gethostname()
+    ranks = [pid for pid, h, _ in read_rank_notes(notes_folder).values() if h == host]
+    proxies = {p for p in (_parent_of(pid) for pid in ranks) if p and p != proc.pid
+               and p != os.getpid() and p != 1}
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in ranks:
+        _kill(pid, signal.SIGTERM)
+        _kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and not (proc.poll() is not None and
+                                               all(_gone(p) for p in ranks)):
+        time.sleep(0.02)
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in ranks + sorted(proxies):
+        if not _gone(pid):
+            _kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _drain(stream):
+    # Keep mpiexec from blocking on a full pipe while it stops.
+    threading.Thread(target=lambda: [None for _ in iter(lambda: stream.read(65536), b'')],
+                     daemon=True).start()
+
+
 def run_explained(cmd, env=None, size=None):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
+    SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
+    128 + the signal's number (130, 143, 129); if this process is SIGKILLed,
+    mpiexec gets SIGKILL from the kernel and the ranks follow
+    (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
     Returns the exit status (see :mod:`theanompi_ext.train.faults`).
     """
     from ..train.faults import RANKS_DIR_VAR, read_rank_notes
@@ -153,22 +247,19 @@ def run_explained(cmd, env=None, size=None):
     report = LauncherReport()
     watch = ExitOrder(folder, size or 0)
     out = getattr(sys.stdout, 'buffer', None)
+    old_handlers = _catch_stop_signals()
+    proc = None
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, start_new_session=True)
+        proc = popen_job(cmd, env, stdout=subprocess.PIPE)
         watch.start()
-        try:
-            for line in iter(proc.stdout.readline, b''):
-                if out is not None:
-                    out.write(line)
-                else:
-                    sys.stdout.write(line.decode('utf-8', 'replace'))
-                sys.stdout.flush()
-                report.feed(line)
-            status = proc.wait()
-        except KeyboardInterrupt:
-            stop_group(proc)
-            watch.stop()
-            return 130
+        for line in iter(proc.stdout.readline, b''):
+            if out is not None:
+                out.write(line)
+            else:
+                sys.stdout.write(line.decode('utf-8', 'replace'))
+            sys.stdout.flush()
+            report.feed(line)
+        status = proc.wait()
         watch.stop()
         message, status = explain(status, report, read_rank_notes(folder), size,
                                   first_exit=watch.first())
@@ -176,5 +267,22 @@ def run_explained(cmd, env=None, size=None):
             sys.stderr.write(message + '\n')
             sys.stderr.flush()
         return status
+    except (KeyboardInterrupt, Stopped) as exc:
+        signum = getattr(exc, 'signum', signal.SIGINT)
+        # a second signal while stopping must not cut the stop short
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None:
+            _drain(proc.stdout)
+            stop_job(proc, folder)
+        watch.stop()
+        sys.stderr.write('theanompi-ext: stopped by %s: every rank of the job ended '
+                         '(exit status %d)\n' % (signal.Signals(signum).name, 128 + signum))
+        sys.stderr.flush()
+        return 128 + signum
     finally:
+        if old_handlers:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         shutil.rmtree(folder, ignore_errors=True)

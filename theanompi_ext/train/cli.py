@@ -94,8 +94,7 @@ def main(args):
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return 2
-    from ..launch import in_mpi_job, mpiexec_command
-    from ..launch.mpiexec import child_env
+    from ..launch import in_mpi_job
     if in_mpi_job():
         rank, size = launcher_rank_size()
         workers, hostfile = size or args.workers, True   # the user's mpiexec placed them
@@ -109,7 +108,32 @@ def main(args):
     except (OSError, ValueError) as exc:   # e.g. less data than one minibatch
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return 2
-    if in_mpi_job() or (args.workers == 1 and not args.hostfile):
+    if in_mpi_job():
+        from .worker import run, guarded
+        return guarded(lambda: run(cfg))
+    # Every output path, the folder's contents and its lock: before anything runs.
+    from . import outdir
+    try:
+        lock = outdir.prepare(cfg)
+    except ValueError as exc:
+        sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
+        return 2
+    os.environ[outdir.PREPARED_VAR] = '1'
+    try:
+        return _launch(args, cfg)
+    finally:
+        if cfg.out:
+            from ..atomic import remove_stale_temporaries
+            remove_stale_temporaries(cfg.out)     # of a rank killed while writing
+        if lock is not None:
+            lock.release()
+        os.environ.pop(outdir.PREPARED_VAR, None)
+
+
+def _launch(args, cfg):
+    from ..launch import mpiexec_command
+    from ..launch.mpiexec import child_env
+    if args.workers == 1 and not args.hostfile:
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
     with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as fh:

@@ -42,12 +42,14 @@ class TrainConfig(object):
     checkpoint: bool = True              # write out/checkpoint.h5 (needs out)
     checkpoint_every: int = 0            # iterations between checkpoints (0: each epoch)
     resume: bool = False
+    overwrite: bool = False              # start a new run in an --out holding another one
     timeline: str = ''
     quiet: bool = False
     progress_every: int = 0              # iterations between progress lines off a terminal (0: auto)
     collective_timeout_s: float = 30.0   # a wait inside a step this long aborts (0: never)
     stall_warn_s: float = 10.0           # ... this long logs who has not arrived (0: never)
     check_replicas_every: int = 0        # steps between replica checks (0: off)
+    write_timeout_s: float = 300.0       # a checkpoint/output write this long aborts (0: never)
     extra: dict = field(default_factory=dict)
 
     def validate(self):
@@ -108,7 +110,7 @@ class TrainConfig(object):
             bad('scale_min', 'must be in (0, 1]')
         if self.crop < 0:
             bad('crop', 'must be >= 0')
-        for name in ('collective_timeout_s', 'stall_warn_s'):
+        for name in ('collective_timeout_s', 'stall_warn_s', 'write_timeout_s'):
             if getattr(self, name) < 0:
                 bad(name, 'must be a number of seconds >= 0 (0: off)')
         for name in ('check_replicas_every', 'progress_every'):
@@ -118,6 +120,9 @@ class TrainConfig(object):
                     % ('off' if name == 'check_replicas_every' else 'automatic'))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
+        if self.resume and self.overwrite:
+            bad('overwrite', '--resume continues the run in --out, --overwrite replaces it: '
+                'choose one')
         return self
 
     def to_dict(self):

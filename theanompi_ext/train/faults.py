@@ -15,7 +15,15 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
 N  ``mpiexec``'s own status when a rank was killed by a signal (9 for
    SIGKILL and the OOM killer, 11 for a segfault); the launcher names the
    rank
+1xx the launcher was stopped: 130 SIGINT, 143 SIGTERM, 129 SIGHUP (128 +
+   the signal's number; every rank has ended, ``launch/postmortem.py``)
 == =====================================================================
+
+Also 2: an output folder in use or holding another run, an output path that
+cannot be written, a corrupt checkpoint or one resumed with other options;
+3: a file that cannot be written (``atomic.WriteError``), a state that is not
+finite when it would be saved (``checkpoint.DivergedState``); 4: also a
+checkpoint or final-output write longer than ``write_timeout_s``.
 
 Rank notes: when ``THEANOMPI_EXT_RANKS_DIR`` is set (``theanompi-ext train``
 sets it when it starts mpiexec), every rank writes ``rank<R>`` there:
@@ -38,8 +46,9 @@ def bad_input_types():
     """Exception types that mean "bad input" (exit status 2)."""
     from ..data.hdf5 import DataError
     from .checkpoint import CheckpointError
+    from .outdir import OutputFolderError
     from .trainer import RankMismatchError
-    return (DataError, CheckpointError, RankMismatchError)
+    return (DataError, CheckpointError, RankMismatchError, OutputFolderError)
 
 
 def exit_status(exc):
@@ -47,6 +56,18 @@ def exit_status(exc):
     if getattr(exc, 'bad_input', False) or isinstance(exc, bad_input_types()):
         return EXIT_BAD_INPUT
     return EXIT_FAILED
+
+
+def stop_with_parent():
+    """A rank ends when its parent (hydra's proxy, or the launcher) is gone.
+
+    SIGTERM: the default action ends the rank at once, except inside a file
+    write, which finishes first (``atomic.deferred_signals``).
+    """
+    import signal
+    from ..launch.mpiexec import in_mpi_job, set_parent_death_signal
+    if in_mpi_job():       # the parent is hydra's proxy (or another MPI's daemon)
+        set_parent_death_signal(signal.SIGTERM)
 
 
 def note_rank(state, rank=None):
@@ -90,7 +111,7 @@ def read_rank_notes(folder):
 # a node-local copy and ``extra`` holds loader/model keywords; what matters of
 # them (the data sizes, the model) is compared directly.
 _PER_RANK_OPTIONS = ('quiet', 'timeline', 'collective_timeout_s', 'stall_warn_s', 'data',
-                     'extra')
+                     'extra', 'write_timeout_s', 'overwrite')
 
 
 def run_signature(trainer):

@@ -107,13 +107,24 @@ def write_plot_safely(plot, path, *args):
         return None
 
 
-def write_curves(cfg, summary, trainer=None):
-    """``cfg.out/curves.png`` for a finished run (rank 0); returns the path or None."""
-    if not cfg.out:
+def render_png(plot, path, *args):
+    """``plot(file, *args)`` into memory: the PNG's bytes, or None after a warning
+    naming ``path`` (where it was to be written; see :func:`write_plot_safely`)."""
+    import io
+    buf = io.BytesIO()
+    def draw(_, *a):
+        plot(buf, *a)
+        return path
+    if write_plot_safely(draw, path, *args) is None:
         return None
+    return buf.getvalue() or None
+
+
+def curves_png(cfg, summary, trainer=None):
+    """The PNG bytes of ``cfg.out/curves.png`` for a finished run, or None."""
     lr_iter = lr_curve(trainer.schedule, trainer.iteration) if trainer is not None else None
     title = '%s, %d workers x %d = %d, base lr %g (ref %d), warm-up %s' % (
         cfg.model, summary.get('workers', 0), cfg.batch_per_worker,
         summary.get('total_batch', 0), cfg.base_lr, cfg.ref_batch, cfg.warmup)
-    return write_plot_safely(plot_curves, os.path.join(cfg.out, FILENAME),
-                             summary.get('history', []), lr_iter, title)
+    return render_png(plot_curves, os.path.join(cfg.out, FILENAME),
+                      summary.get('history', []), lr_iter, title)

@@ -5,6 +5,7 @@ same seed, checks that its parameters and bucket plan match the other
 ranks' before the first step, then runs identical iterations (the number
 of steps per epoch is the same everywhere, see :mod:`theanompi_ext.data.shards`).
 """
+import contextlib
 import time
 
 import numpy as np
@@ -238,12 +239,15 @@ class Trainer(object):
             if cfg.out and cfg.checkpoint:
                 self.save_checkpoint()
         if self.timeline is not None:
-            self.timeline.save(cfg.timeline, self.comm)
+            # written with the other final outputs (worker.write_outputs)
+            self.trace = self.timeline.gather(self.comm)
         return self.summary(time.perf_counter() - t_start, step_times)
 
     # -- checkpoints and progress --------------------------------------------
     _partial = None
     exchange_wait_s = 0.0
+    _saved_at = None      # the iteration of the last checkpoint written or resumed
+    trace = None          # rank 0: the gathered timeline, once train() ends
 
     def _checkpoint_due(self, it_in_epoch):
         every = self.cfg.checkpoint_every
@@ -257,15 +261,42 @@ class Trainer(object):
         return os.path.join(self.cfg.out, FILENAME)
 
     def save_checkpoint(self, partial=None):
-        """Write the checkpoint (all ranks take part; rank 0 writes)."""
+        """Write the checkpoint (all ranks take part; rank 0 writes).
+
+        The whole of it is one watched wait bounded by ``write_timeout_s``
+        on every rank, so a writer hung in I/O (or stopped) ends the job
+        with its rank and the file named (docs/faults.md).
+        """
         from . import checkpoint
-        checkpoint.save(self, self.checkpoint_path(), partial)
-        self.comm.barrier()   # rank 0's write must not count against the next step
+        if self.iteration == self._saved_at:
+            return    # this state is on disk already (e.g. max_steps on a checkpoint step)
+        path = self.checkpoint_path()
+        with self.writing('checkpoint %s (written by rank 0)' % path, path):
+            checkpoint.save(self, path, partial)
+            self.comm.barrier()   # rank 0's write must not count against the next step
+        self._saved_at = self.iteration
+
+    @contextlib.contextmanager
+    def writing(self, label, path):
+        """The phase in which rank 0 writes ``path`` and the others wait for it.
+
+        Bounded by ``write_timeout_s``; SIGTERM/SIGHUP/SIGINT wait for its end
+        on every rank (a rank that died meanwhile would make hydra kill the
+        writer mid-write), so a job told to stop finishes the write first.
+        """
+        from ..atomic import deferred_signals
+        note = 'this rank (the writer) has not finished writing %s' % path \
+            if self.comm.rank == 0 else None
+        with deferred_signals(), self.comm.bounded(self.iteration, label,
+                                                   self.cfg.write_timeout_s,
+                                                   'write_timeout_s', note):
+            yield
 
     def resume(self):
         """Continue from the checkpoint in ``cfg.out``."""
         from . import checkpoint
         self._partial = checkpoint.load(self, self.checkpoint_path())
+        self._saved_at = self.iteration
         self.log('resumed from %s at iteration %d' % (self.checkpoint_path(), self.iteration))
 
     def summary(self, wall_s, step_times):

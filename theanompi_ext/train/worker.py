@@ -5,13 +5,16 @@ Started by ``theanompi-ext train`` (through mpiexec) or directly inside an
 the rank number and ends the whole job (MPI_Abort), so a failing rank
 never leaves the others waiting in a collective.
 """
+import io
 import json
 import os
 import sys
 import time
 
+from .. import atomic
+from . import outdir
 from .config import TrainConfig
-from .report import write_curves
+from .report import curves_png
 
 
 def load_dataset(cfg):
@@ -27,14 +30,29 @@ def load_dataset(cfg):
 def run(cfg, comm=None, log=print):
     """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
     from ..collective import create_communicator
-    from ..model import build_model
-    from .trainer import Trainer
     cfg.validate()
     comm = comm or create_communicator('auto')
+    lock = prepare_outputs(cfg, comm)
+    try:
+        return _run(cfg, comm, log, t0=time.perf_counter())
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def prepare_outputs(cfg, comm):
+    """Rank 0 checks the output paths and locks ``--out`` unless the launcher did."""
+    if comm.rank != 0 or os.environ.get(outdir.PREPARED_VAR):
+        return None
+    return outdir.prepare(cfg)
+
+
+def _run(cfg, comm, log, t0):
+    from ..model import build_model
+    from .trainer import Trainer
     data = load_dataset(cfg)
     net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,
                       **cfg.extra.get('model_kw', {}))
-    t0 = time.perf_counter()
     trainer = Trainer(net, data, cfg, comm, log=log)
     if comm.rank == 0 and not cfg.quiet:
         # the run's first lines: what it will do (train --dry-run prints the same)
@@ -45,23 +63,67 @@ def run(cfg, comm=None, log=print):
     if cfg.resume:
         trainer.resume()
     summary = trainer.train()
-    if comm.rank == 0:
-        write_outputs(cfg, summary, trainer)
-        if not cfg.quiet:
-            log(format_summary(summary))
+    if cfg.out or cfg.timeline:
+        # bounded like a checkpoint: a writer hung in I/O ends the job, named
+        with trainer.writing('final outputs in %s (written by rank 0)'
+                             % (cfg.out or cfg.timeline), cfg.out or cfg.timeline):
+            if comm.rank == 0:
+                write_outputs(cfg, summary, trainer)
+            trainer.comm.barrier()
+    if comm.rank == 0 and not cfg.quiet:
+        log(format_summary(summary))
     return summary, trainer
 
 
-def write_outputs(cfg, summary, trainer):
-    """summary.json, final parameters (npz) and curves.png under cfg.out, if set."""
-    if not cfg.out:
-        return
-    os.makedirs(cfg.out, exist_ok=True)
-    with open(os.path.join(cfg.out, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=1, default=float)
+def output_files(cfg, summary, trainer):
+    """``{path: bytes}`` of a run's final outputs, ``summary.json`` last.
+
+    The summary records the SHA-256 of every other output (``outputs``), so a
+    reader can tell that ``params.npz`` belongs to that summary.
+    """
     import numpy as np
-    np.savez(os.path.join(cfg.out, 'params.npz'), **trainer.params.state_dict())
-    write_curves(cfg, summary, trainer)
+    files = {}
+    if trainer.trace is not None:
+        from ..exchange.timeline import plot_trace
+        files[cfg.timeline + '.json'] = json.dumps(trainer.trace).encode()
+        png = _render(lambda f, trace: plot_trace(trace, f), cfg.timeline + '.png',
+                      trainer.trace)
+        if png is not None:
+            files[cfg.timeline + '.png'] = png
+    if cfg.out:
+        state = trainer.params.state_dict()
+        bad = [k for k, v in state.items() if not np.all(np.isfinite(v))]
+        if bad:
+            from .checkpoint import DivergedState
+            raise DivergedState('the final parameters are not finite (%s); params.npz and '
+                                'summary.json were not written' % ', '.join(bad[:5]))
+        buf = io.BytesIO()
+        np.savez(buf, **state)
+        files[os.path.join(cfg.out, 'params.npz')] = buf.getvalue()
+        png = curves_png(cfg, summary, trainer)
+        if png is not None:
+            files[os.path.join(cfg.out, 'curves.png')] = png
+        summary = dict(summary, outputs={os.path.basename(p): atomic.sha256_of(d)
+                                         for p, d in files.items()})
+        files[os.path.join(cfg.out, 'summary.json')] = json.dumps(
+            summary, indent=1, default=float).encode()
+    return files
+
+
+def _render(plot, path, *args):
+    from .report import render_png
+    return render_png(plot, path, *args)
+
+
+def write_outputs(cfg, summary, trainer):
+    """summary.json, final parameters (npz), curves.png under cfg.out and the
+    timeline, if set: all built in memory, then written together
+    (:func:`theanompi_ext.atomic.write_all`: old versions or new ones, never a mix
+    after a failure)."""
+    files = output_files(cfg, summary, trainer)
+    if cfg.out:
+        os.makedirs(cfg.out, exist_ok=True)
+    atomic.write_all(files, 'the final outputs')
 
 
 def format_summary(s):
@@ -91,6 +153,7 @@ def guarded(fn):
     Returns the exit status (``train/faults.py``: 2 bad input, 3 failed).
     """
     from . import faults
+    faults.stop_with_parent()
     faults.prepare_agreement()
     faults.note_rank('running')
     try:

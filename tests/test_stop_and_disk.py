@@ -1,0 +1,561 @@
+"""A job told to stop stops, and what is on disk is whole and good (docs/faults.md).
+
+Signals to the launcher (SIGTERM, SIGHUP, SIGINT, SIGKILL, also during a
+checkpoint write), a rank stopped inside a write, corrupt and diverged
+checkpoints, full disks for train and convert, and output folders (a
+forgotten --resume, two jobs on one folder, bad output paths, resuming with
+other options). Every job runs under a hard timeout, and every process it
+started is watched: after each fault test none may be left.
+"""
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from theanompi_ext import atomic
+from theanompi_ext.train import checkpoint, outdir
+from theanompi_ext.train.config import TrainConfig
+
+from test_faults import MPI_DIR, _descendants, explained, mpi_cmd, write_cfg
+
+JOB_TIMEOUT = 180
+CLI = [sys.executable, '-m', 'theanompi_ext']
+# A 2-rank CLI run that would train for a long time, checkpointing every step.
+LONG = ['train', '--workers', '2', '--model', 'mlp', '--batch-per-worker', '8',
+        '--epochs', '1000', '--warmup', 'none', '--checkpoint-every', '1',
+        '--eval-every', '1000', '--quiet']
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _start_time(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ('Z', 'X') else fields[19]
+
+
+class Job(object):
+    """A command whose whole process tree is recorded while it runs.
+
+    ``leftovers()`` are the processes it started that are still alive (same
+    PID and start time); on a timeout everything seen is SIGKILLed and the
+    test fails, so a regression never hangs the suite.
+    """
+
+    def __init__(self, cmd, tmp_path, env=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.out_f = open(str(tmp_path / ('job%d.out' % id(self))), 'w+')
+        self.err_f = open(str(tmp_path / ('job%d.err' % id(self))), 'w+')
+        self.proc = subprocess.Popen(cmd, stdout=self.out_f, stderr=self.err_f, text=True,
+                                     env=full_env, start_new_session=True)
+        self.seen = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._done.is_set():
+            for pid in _descendants(self.proc.pid):
+                if pid not in self.seen:
+                    st = _start_time(pid)
+                    if st is not None:
+                        self.seen[pid] = st
+            self._done.wait(0.02)
+
+    def alive(self):
+        """Processes of the job alive now (the launcher included)."""
+        return [p for p, st in self.seen.items() if _start_time(p) == st] + \
+            ([self.proc.pid] if self.proc.poll() is None else [])
+
+    def wait(self, timeout=JOB_TIMEOUT):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            pytest.fail('job hung for %ss:\n%s' % (timeout, self.err()[-3000:]))
+        return self.proc.returncode
+
+    def gone_within(self, seconds):
+        """Seconds until every process of the job has ended (None: not within ``seconds``)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            if not self.alive():
+                return time.monotonic() - t0
+            time.sleep(0.02)
+        return None
+
+    def finish(self, leftover_s=5.0):
+        """Stop watching; assert no process of the job is left (killing any that is)."""
+        took = self.gone_within(leftover_s)
+        self._done.set()
+        self._thread.join(2)
+        left = self.alive()
+        self.kill_all()
+        assert not left, 'processes left behind: %s\n%s' % (left, self.err()[-3000:])
+        return took
+
+    def kill_all(self):
+        for pid in [p for p, st in self.seen.items() if _start_time(p) == st] + [self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self._done.set()
+
+    def err(self):
+        self.err_f.flush()
+        self.err_f.seek(0)
+        return self.err_f.read()
+
+
+def wait_for(cond, timeout, what):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError('timed out waiting for ' + what)
+        time.sleep(0.02)
+
+
+def temporaries(folder):
+    return [n for n in os.listdir(folder) if '.tmp-' in n or n.endswith('.tmp')]
+
+
+def good_checkpoint(path):
+    """The iteration of a checkpoint that verifies and whose values are all finite."""
+    import h5py
+    import io
+    with h5py.File(io.BytesIO(atomic.read_sealed(str(path))), 'r') as f:
+        for name in ('shared/values', 'shared/velocity', 'rank0/values_tail', 'rank1/velocity'):
+            if name in f:
+                assert np.all(np.isfinite(f[name][...])), name
+        return int(f.attrs['iteration'])
+
+
+def fault_line(err):
+    m = re.search(r'FAULT \S+ rank \d+ pid (\d+) at ([0-9.]+) iteration (-?\d+)', err)
+    assert m, err[-3000:]
+    return int(m.group(1)), float(m.group(2)), int(m.group(3))
+
+
+def cli(*argv, timeout=60):
+    return subprocess.run(CLI + [str(a) for a in argv], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# --------------------------------------------------------------------------- signals
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGHUP, signal.SIGINT,
+                                 signal.SIGKILL], ids=lambda s: signal.Signals(s).name)
+def test_signal_to_launcher_stops_every_rank(tmp_path, sig):
+    """The launcher gets a signal at a random moment of a run that checkpoints every
+    step: every rank and mpiexec end within a bounded time, the exit status is
+    128 + the signal (SIGKILL: the launcher is just killed), the checkpoint on
+    disk verifies. With SIGTERM a second job on the same --out is refused first."""
+    out = tmp_path / 'run'
+    job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or job.proc.poll() is not None,
+                 120, 'the first checkpoints')
+        assert job.proc.poll() is None, job.err()[-3000:]
+        if sig == signal.SIGTERM:
+            r = cli(*(LONG + ['--out', out, '--resume']))
+            assert r.returncode == 2, r.stderr
+            assert re.search(r'--out \S+ is in use by another job \(pid %d on ' % job.proc.pid,
+                             r.stderr), r.stderr
+        time.sleep(random.Random(sig).uniform(0.0, 1.0))
+        os.kill(job.proc.pid, sig)
+        took = job.gone_within(20)
+        rc = job.wait()
+    finally:
+        job.finish()
+    print('\n%s to the launcher -> every process of the job gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    # the ranks get STOP_GRACE_S (3 s) to end before SIGKILL
+    assert took is not None and took < 8, took
+    assert rc == (-9 if sig == signal.SIGKILL else 128 + sig), (rc, job.err()[-3000:])
+    if sig != signal.SIGKILL:
+        assert 'stopped by %s: every rank of the job ended' % signal.Signals(sig).name \
+            in job.err()
+        assert not temporaries(out)
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+    # a writer killed mid-write may leave a temporary: the next start removes it
+    c = TrainConfig(model='mlp', batch_per_worker=8, epochs=1000, warmup='none',
+                    checkpoint_every=1, eval_every=1000, quiet=True, out=str(out), resume=True)
+    outdir.prepare(c).release()
+    assert not temporaries(out)
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
+                         ids=lambda s: signal.Signals(s).name)
+def test_signal_during_checkpoint_write(tmp_path, sig):
+    """The launcher is signalled while rank 0 is inside a checkpoint write (held
+    there for 1 s after the data is written): with SIGTERM the write finishes and
+    then the ranks stop; with SIGKILL the new checkpoint or the previous one is
+    on disk, whole."""
+    path = write_cfg(str(tmp_path / 'cfg.json'), out=str(tmp_path / 'run'), checkpoint_every=1,
+                     max_steps=0, epochs=1000)
+    job = Job(explained(mpi_cmd(2, 'run_faults.py', path, tmp_path, 'slowwrite', 0, 3, 1.0), 2),
+              tmp_path)
+    try:
+        wait_for(lambda: 'FAULT slowwrite' in job.err() or job.proc.poll() is not None,
+                 120, 'the slow write')
+        assert job.proc.poll() is None, job.err()[-3000:]
+        _, _, writing = fault_line(job.err())
+        os.kill(job.proc.pid, sig)
+        took = job.gone_within(20)
+        rc = job.wait()
+    finally:
+        job.finish()
+    print('\n%s to the launcher during a write -> every process gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    assert took is not None and took < 8, took
+    on_disk = good_checkpoint(tmp_path / 'run' / checkpoint.FILENAME)
+    if sig == signal.SIGTERM:
+        assert rc == 143, job.err()[-3000:]
+        assert on_disk == writing          # the write was finished, then the job stopped
+        assert not temporaries(tmp_path / 'run')
+    else:
+        assert on_disk in (writing - 1, writing)
+
+
+# --------------------------------------------------------------------------- hung writes
+
+@pytest.mark.parametrize('fault,rank', [('stopwrite', 0), ('stopwrite', 1), ('stopfinal', 0)])
+def test_rank_stopped_in_a_write_ends_the_job_naming_it(tmp_path, fault, rank):
+    """SIGSTOP of a rank inside the checkpoint write after step 4 (rank 0 writes,
+    rank 1 waits for it) or inside the final outputs: the watchdog's
+    write_timeout_s ends the job with exit status 4, naming the stopped rank and
+    the file; the previous checkpoint is on disk, whole."""
+    run = tmp_path / 'run'
+    path = write_cfg(str(tmp_path / 'cfg.json'), out=str(run), checkpoint_every=2,
+                     write_timeout_s=3, stall_warn_s=1)
+    job = Job(explained(mpi_cmd(2, 'run_faults.py', path, tmp_path, fault, rank, 4), 2),
+              tmp_path)
+    try:
+        rc = job.wait()
+        job.gone_within(5)
+    finally:
+        job.finish()
+    err = job.err()
+    pid, t_stop, _ = fault_line(err)
+    what = ("final outputs in %s (written by rank 0)" % run if fault == 'stopfinal'
+            else "checkpoint %s (written by rank 0)" % (run / checkpoint.FILENAME))
+    assert rc == 4, (rc, err[-3000:])
+    other = 1 - rank
+    assert re.search(r"rank %d of 2 \(pid \d+ on \S+\): no progress for [0-9.]+ s in '%s' at "
+                     r"step \d+ \(write_timeout_s=3\); not arrived: rank %d \(pid %d on \S+\) "
+                     r"no answer" % (other, re.escape(what), rank, pid), err), err[-3000:]
+    assert good_checkpoint(run / checkpoint.FILENAME) == (6 if fault == 'stopfinal' else 2)
+    assert not temporaries(run) and not (run / 'summary.json').exists()
+
+
+# --------------------------------------------------------------------------- corrupt checkpoints
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+    """One short 2-rank run through the launcher (checkpoints every 2 steps, 6 steps)."""
+    out = tmp_path_factory.mktemp('finished') / 'run'
+    argv = SHORT + ['--out', str(out)]
+    r = cli(*argv, timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+SHORT = ['train', '--workers', '2', '--model', 'mlp', '--batch-per-worker', '8', '--epochs',
+         '2', '--warmup', 'none', '--max-steps', '6', '--checkpoint-every', '2', '--quiet']
+
+
+def copy_run(src, tmp_path):
+    dst = tmp_path / 'run'
+    shutil.copytree(str(src), str(dst))
+    return dst
+
+
+def test_finished_run_outputs_are_whole_and_recorded(finished_run):
+    """summary.json names the SHA-256 of every other output; two good checkpoints kept."""
+    s = json.loads((finished_run / 'summary.json').read_text())
+    assert set(s['outputs']) == {'params.npz', 'curves.png'}
+    for name, sha in s['outputs'].items():
+        assert atomic.sha256_of((finished_run / name).read_bytes()) == sha
+    assert good_checkpoint(finished_run / checkpoint.FILENAME) == 6
+    assert good_checkpoint(finished_run / checkpoint.PREV_FILENAME) == 4
+    assert not temporaries(finished_run)
+
+
+@pytest.mark.parametrize('damage', ['flip', 'truncate'])
+def test_corrupt_checkpoint_is_refused_with_the_way_back(finished_run, tmp_path, damage):
+    """8 flipped bytes in the middle, or half the file: --resume exits 2 before
+    launching, names the file and the cause, and says how to resume from the
+    previous checkpoint, which then passes the same checks."""
+    run = copy_run(finished_run, tmp_path)
+    ck = run / checkpoint.FILENAME
+    data = bytearray(ck.read_bytes())
+    if damage == 'flip':
+        mid = len(data) // 2
+        data[mid:mid + 8] = bytes(b ^ 0xff for b in data[mid:mid + 8])
+    else:
+        data = data[:len(data) // 2]
+    ck.write_bytes(bytes(data))
+    r = cli(*(SHORT + ['--out', run, '--resume']))
+    assert r.returncode == 2, r.stderr
+    why = 'checksum mismatch' if damage == 'flip' else 'truncated'
+    assert re.search(r'error: \S+checkpoint.h5: %s.*the previous checkpoint (\S+) \(iteration '
+                     r'4\) is good: to resume from it, run `mv \1 \S+checkpoint.h5`' % why,
+                     r.stderr), r.stderr
+    assert ck.read_bytes() == bytes(data)                    # nothing was overwritten
+    os.replace(str(run / checkpoint.PREV_FILENAME), str(ck))    # what the message says
+    c = TrainConfig(model='mlp', batch_per_worker=8, epochs=2, warmup='none', max_steps=6,
+                    checkpoint_every=2, quiet=True, out=str(run), resume=True)
+    outdir.prepare(c).release()
+    # both damaged: no way back but a new run
+    ck.write_bytes(bytes(data))
+    shutil.copy(str(ck), str(run / checkpoint.PREV_FILENAME))
+    r = cli(*(SHORT + ['--out', run, '--resume']))
+    assert r.returncode == 2 and 'is not good either' in r.stderr, r.stderr
+
+
+def test_every_flipped_byte_and_every_cut_is_refused(finished_run):
+    """A byte flipped anywhere (50 random places, the header included) or the file
+    cut at any length (20 lengths) fails the check before HDF5 reads it."""
+    data = (finished_run / checkpoint.FILENAME).read_bytes()
+    rng = random.Random(3)
+    for pos in [rng.randrange(len(data)) for _ in range(50)] + [0, 100, 511, 512]:
+        bad = bytearray(data)
+        bad[pos] ^= 1 << rng.randrange(8)
+        with pytest.raises(atomic.CorruptFile):
+            atomic.unseal(bytes(bad), 'ck')
+    for cut in [rng.randrange(len(data)) for _ in range(20)]:
+        with pytest.raises(atomic.CorruptFile):
+            atomic.unseal(data[:cut], 'ck')
+    assert atomic.unseal(data, 'ck') == data
+
+
+def test_unsealed_hdf5_is_refused(tmp_path):
+    import h5py
+    p = tmp_path / 'old.h5'
+    with h5py.File(p, 'w') as f:
+        f['x'] = np.zeros(3)
+    with pytest.raises(atomic.CorruptFile, match='has no checksum'):
+        atomic.read_sealed(str(p))
+
+
+# --------------------------------------------------------------------------- divergence
+
+def test_diverged_state_is_never_saved(tmp_path):
+    """--checkpoint-every 1 and an infinity in rank 1's parameters after step 3: every
+    rank stops (exit 3) naming rank 1; the newest checkpoint is iteration 3, finite."""
+    run = tmp_path / 'run'
+    path = write_cfg(str(tmp_path / 'cfg.json'), out=str(run), checkpoint_every=1)
+    job = Job(mpi_cmd(2, 'run_faults.py', path, tmp_path, 'corrupt', 1, 3, 'inf'), tmp_path)
+    try:
+        rc = job.wait()
+    finally:
+        job.finish()
+    err = job.err()
+    assert rc == 3, err[-3000:]
+    assert re.search(r'DivergedState: the state after iteration 4 is not finite \(rank 1: '
+                     r'parameters\); it was not saved: \S+checkpoint.h5 still holds '
+                     r'the last good checkpoint', err), err[-3000:]
+    assert good_checkpoint(run / checkpoint.FILENAME) == 3
+    assert good_checkpoint(run / checkpoint.PREV_FILENAME) == 2
+
+
+def test_non_finite_state_is_refused_before_writing(tmp_path):
+    """checkpoint.save on a state with a NaN in the BN statistics: nothing written."""
+    sys.path.insert(0, MPI_DIR)
+    try:
+        import ckpt_writer
+    finally:
+        sys.path.remove(MPI_DIR)
+    tr = ckpt_writer.fake_trainer(str(tmp_path), 64)
+    ckpt_writer.set_version(tr, 5)
+    path = str(tmp_path / checkpoint.FILENAME)
+    checkpoint.save(tr, path)
+    before = (tmp_path / checkpoint.FILENAME).read_bytes()
+    ckpt_writer.set_version(tr, 6)
+    tr.net.stats[0].value[3] = np.nan
+    with pytest.raises(checkpoint.DivergedState, match='rank 0: BN statistic bn.mean'):
+        checkpoint.save(tr, path)
+    assert (tmp_path / checkpoint.FILENAME).read_bytes() == before
+    assert not (tmp_path / checkpoint.PREV_FILENAME).exists()
+
+
+# --------------------------------------------------------------------------- full disks
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KB tmpfs (needs root and mount)."""
+    where = tmp_path / 'full'
+    where.mkdir()
+    if os.geteuid() != 0 or not shutil.which('mount'):
+        pytest.skip('mounting a tmpfs needs root (CI runs as root)')
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip('cannot mount a tmpfs here: %s' % r.stderr.strip())
+    try:
+        yield where
+    finally:
+        subprocess.run(['umount', '-l', str(where)])
+
+
+def test_convert_into_a_full_disk(full_disk, monkeypatch, capsys):
+    """convert: exit 3 and one line naming the file and the cause, nothing left on
+    the disk; also when the free-space check is bypassed and HDF5's own write fails
+    (the pinned HDF5 segfaults there: the writer runs in a child process)."""
+    from theanompi_ext.data import convert
+    target = str(full_disk / 'digits.h5')
+    r = cli('convert', 'sklearn:digits', target)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.strip().count('\n') == 0
+    assert re.match(r'theanompi-ext convert: error: %s: not enough free space to write the '
+                    r'data set: needs [0-9.]+ KB, [0-9.]+ KB free$' % re.escape(target),
+                    r.stderr.strip()), r.stderr
+    assert os.listdir(str(full_disk)) == []
+    monkeypatch.setattr(atomic, 'check_space', lambda *a, **k: None)
+    assert convert.main(['sklearn:digits', target]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and err.startswith('theanompi-ext convert: error: %s: '
+                                                   % target), err
+    assert 'No space left on device' in err, err
+    assert os.listdir(str(full_disk)) == []
+
+
+def test_train_into_a_full_disk(full_disk, tmp_path):
+    """train --workers 2 --out on a full disk: exit 3, rank 0 names the checkpoint and
+    the cause in one line, no segfault, no temporary file left."""
+    job = Job(CLI + SHORT + ['--out', str(full_disk)], tmp_path)
+    try:
+        rc = job.wait()
+    finally:
+        job.finish()
+    err = job.err()
+    assert rc == 3, (rc, err[-3000:])
+    assert re.search(r'rank 0 of 2 failed: WriteError: %s: not enough free space to write the '
+                     r'checkpoint: needs' % re.escape(str(full_disk / checkpoint.FILENAME)),
+                     err), err[-3000:]
+    assert 'Traceback' not in err and 'Segmentation' not in err
+    assert not temporaries(full_disk)
+
+
+def test_write_failing_mid_way_keeps_the_old_files(full_disk, monkeypatch):
+    """The space check bypassed, a write that hits ENOSPC: WriteError naming the path
+    and the cause; the old file (and, for a set of outputs, every old file) intact."""
+    monkeypatch.setattr(atomic, 'free_bytes', lambda folder: None)
+    small, big = full_disk / 'a.json', full_disk / 'b.npz'
+    atomic.write_all({str(small): b'old a', str(big): b'old b'})
+    with pytest.raises(atomic.WriteError, match=r'b.npz: could not write the checkpoint: '
+                                                r'No space left on device'):
+        atomic.write_atomic(str(big), os.urandom(200000), 'the checkpoint')
+    with pytest.raises(atomic.WriteError, match='No space left on device'):
+        atomic.write_all({str(small): b'new a', str(big): os.urandom(200000)}, 'the outputs')
+    assert small.read_bytes() == b'old a' and big.read_bytes() == b'old b'
+    assert sorted(os.listdir(str(full_disk))) == ['a.json', 'b.npz']
+
+
+def test_isolated_writer_that_crashes_is_an_error(tmp_path):
+    """run_isolated: a child killed by SIGSEGV becomes a WriteError with the cause;
+    the temporary it left is removed; results and bad input come back as such."""
+    target = str(tmp_path / 'x.h5')
+
+    def crash():
+        with open(target + '.tmp-%d' % os.getpid(), 'w') as f:
+            f.write('partial')
+        sys.stderr.write("HDF5-DIAG: error message = 'No space left on device'\n")
+        os.kill(os.getpid(), signal.SIGSEGV)
+    with pytest.raises(atomic.WriteError, match=r'x.h5: could not write the data set: No space '
+                                                r'left on device; the writer crashed \(SIGSEGV\)'):
+        atomic.run_isolated(crash, target, 'the data set')
+    assert os.listdir(str(tmp_path)) == []
+    assert atomic.run_isolated(lambda: {'n': 3}, target) == {'n': 3}
+    with pytest.raises(ValueError, match='bad size'):
+        atomic.run_isolated(lambda: (_ for _ in ()).throw(ValueError('bad size')), target)
+
+
+def test_signal_during_a_write_waits_for_it(tmp_path):
+    """SIGTERM sent while a file is being written: the write completes, then the
+    process dies of SIGTERM."""
+    target = tmp_path / 'f.bin'
+    code = ('import os, signal, sys; from theanompi_ext import atomic\n'
+            'with atomic.deferred_signals():\n'
+            '    os.kill(os.getpid(), signal.SIGTERM)\n'
+            '    atomic.write_atomic(sys.argv[1], b"x" * 1000)\n'
+            'print("not reached")\n')
+    r = subprocess.run([sys.executable, '-c', code, str(target)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == -signal.SIGTERM and 'not reached' not in r.stdout
+    assert target.read_bytes() == b'x' * 1000 and os.listdir(str(tmp_path)) == ['f.bin']
+
+
+# --------------------------------------------------------------------------- output folders
+
+def test_forgotten_resume_is_refused(finished_run, tmp_path):
+    run = copy_run(finished_run, tmp_path)
+    before = (run / checkpoint.FILENAME).read_bytes()
+    t0 = time.monotonic()
+    r = cli(*(SHORT + ['--out', run]))
+    assert r.returncode == 2, r.stderr
+    assert re.search(r'--out \S+ holds another run \(checkpoint.h5, summary.json\); add --resume '
+                     r'to continue it, or --overwrite', r.stderr), r.stderr
+    assert time.monotonic() - t0 < 30            # refused before anything was launched
+    assert (run / checkpoint.FILENAME).read_bytes() == before
+
+
+def test_resume_with_options_that_change_the_trajectory_is_refused(finished_run, tmp_path):
+    run = copy_run(finished_run, tmp_path)
+    argv = [a for a in SHORT]
+    argv[argv.index('--batch-per-worker') + 1] = '4'
+    r = cli(*(argv + ['--out', run, '--resume', '--data-seed', '2', '--epochs', '3']))
+    assert r.returncode == 2, r.stderr
+    assert '--batch-per-worker 4 (the checkpoint has 8); --data-seed 2 (the checkpoint has 0)' \
+        in r.stderr and '--epochs' not in r.stderr.split('only')[0], r.stderr
+
+
+def test_bad_output_paths_are_refused_before_launch(tmp_path):
+    afile = tmp_path / 'afile'
+    afile.write_text('x')
+    for argv, msg in ((['--out', afile / 'sub'], '--out %s: cannot create the folder'
+                       % (afile / 'sub')),
+                      (['--timeline', tmp_path / 'missing' / 'trace'],
+                       '--timeline %s: the folder %s does not exist'
+                       % (tmp_path / 'missing' / 'trace', tmp_path / 'missing'))):
+        r = cli(*(SHORT + argv))
+        assert r.returncode == 2, r.stderr
+        assert msg in r.stderr, r.stderr
+    r = cli(*(SHORT + ['--out', tmp_path / 'r', '--resume', '--overwrite']))
+    assert r.returncode == 2 and '--resume continues' in r.stderr, r.stderr
+
+
+def test_lock_refuses_a_second_job_and_a_dead_jobs_lock_is_no_obstacle(tmp_path):
+    c = TrainConfig(out=str(tmp_path / 'run'))
+    lock = outdir.prepare(c)
+    try:
+        r = cli(*(SHORT + ['--out', tmp_path / 'run']))
+        assert r.returncode == 2, r.stderr
+        assert '--out %s is in use by another job (pid %d on ' % (tmp_path / 'run', os.getpid()) \
+            in r.stderr, r.stderr
+    finally:
+        lock.release()
+    # the lock file of a job that died (SIGKILL) stays, but its flock died with it
+    code = ('import os, sys; from theanompi_ext.train import outdir; '
+            'from theanompi_ext.train.config import TrainConfig; '
+            'outdir.prepare(TrainConfig(out=sys.argv[1])); os.kill(os.getpid(), 9)')
+    subprocess.run([sys.executable, '-c', code, str(tmp_path / 'run')], timeout=60)
+    assert 'pid' in (tmp_path / 'run' / outdir.LOCK_NAME).read_text()
+    (tmp_path / 'run' / 'checkpoint.h5.tmp-999999').write_text('left by a killed writer')
+    outdir.prepare(c).release()
+    assert not temporaries(tmp_path / 'run')

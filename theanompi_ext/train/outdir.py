@@ -1,0 +1,131 @@
+"""The output folder of a run: checked before launch, locked while the job runs.
+
+:func:`prepare` is what ``theanompi-ext train`` does before it starts
+mpiexec (and rank 0 does when the user started mpiexec):
+
+* every output path is usable now, not hours later: ``--out`` can be created
+  and written, the folder of ``--timeline`` exists and is writable;
+* a folder that holds another run (``checkpoint.h5`` or ``summary.json``) is
+  refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it);
+* with ``--resume`` the checkpoint's checksum and the options that change
+  the trajectory are checked (``train/checkpoint.py``);
+* a lock (``OUT/.theanompi-ext.lock``, ``flock``) refuses a second job on
+  the same folder. The kernel drops the lock when its holder dies, so the
+  lock of a dead job is never in the way; the file names the holder.
+* temporary files left by a killed writer (``*.tmp-<pid>``) are removed.
+
+Every refusal is a :class:`OutputFolderError` (exit status 2) naming the
+option and the path.
+"""
+import fcntl
+import os
+import socket
+import time
+
+from .. import atomic
+
+LOCK_NAME = '.theanompi-ext.lock'
+#: Set in the ranks' environment by a launcher that has done :func:`prepare`.
+PREPARED_VAR = 'THEANOMPI_EXT_OUT_PREPARED'
+_RUN_FILES = ('checkpoint.h5', 'summary.json')
+
+
+class OutputFolderError(ValueError):
+    """An output path that cannot be used, or a folder in use (exit status 2)."""
+    bad_input = True
+
+
+def _writable_folder(folder, option):
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise OutputFolderError('%s %s: cannot create the folder: %s'
+                                % (option, folder, exc.strerror or exc))
+    if not os.path.isdir(folder):
+        raise OutputFolderError('%s %s: not a folder' % (option, folder))
+    probe = os.path.join(folder, atomic.tmp_path('.write-probe'))
+    try:
+        with open(probe, 'w') as f:
+            f.write('x')
+    except OSError as exc:
+        raise OutputFolderError('%s %s: cannot write there: %s'
+                                % (option, folder, exc.strerror or exc))
+    finally:
+        atomic.remove_quietly(probe)
+
+
+def check_paths(cfg):
+    """Refuse output paths that could not be written (before anything runs)."""
+    if cfg.out:
+        _writable_folder(cfg.out, '--out')
+    if cfg.timeline:
+        folder = os.path.dirname(os.path.abspath(cfg.timeline))
+        if not os.path.isdir(folder):
+            raise OutputFolderError('--timeline %s: the folder %s does not exist'
+                                    % (cfg.timeline, folder))
+        _writable_folder(folder, '--timeline')
+
+
+def check_contents(cfg):
+    """Refuse a folder holding another run unless --resume/--overwrite; check a resume."""
+    from . import checkpoint
+    if not cfg.out:
+        return
+    path = os.path.join(cfg.out, checkpoint.FILENAME)
+    if cfg.resume:
+        info = checkpoint.describe(path)
+        checkpoint.check_options(path, info['config'], cfg)
+        return
+    if getattr(cfg, 'overwrite', False):
+        return
+    found = [n for n in _RUN_FILES if os.path.exists(os.path.join(cfg.out, n))]
+    if found:
+        raise OutputFolderError(
+            '--out %s holds another run (%s); add --resume to continue it, or --overwrite '
+            'to start a new run there (its files are then replaced)' % (cfg.out,
+                                                                       ', '.join(found)))
+
+
+class FolderLock(object):
+    """An exclusive ``flock`` on ``OUT/.theanompi-ext.lock``, held until :meth:`release`."""
+
+    def __init__(self, folder):
+        self.path = os.path.join(folder, LOCK_NAME)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 200, 0).decode('utf-8', 'replace').strip()
+            os.close(self.fd)
+            self.fd = None
+            raise OutputFolderError('--out %s is in use by another job (%s); wait for it to '
+                                    'end or choose another --out'
+                                    % (folder, holder or 'holder unknown'))
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, ('pid %d on %s since %s\n' % (
+            os.getpid(), socket.gethostname(),
+            time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0)
+
+    def release(self):
+        """Drop the lock (idempotent); the file stays, empty of meaning."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def prepare(cfg):
+    """Check every output path and the folder, take the lock; return it (or None).
+
+    Raises :class:`OutputFolderError` or a checkpoint's CheckpointError (exit 2).
+    """
+    check_paths(cfg)
+    if not cfg.out:
+        return None
+    lock = FolderLock(cfg.out)
+    try:
+        check_contents(cfg)
+        atomic.remove_stale_temporaries(cfg.out, all_of_them=True)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
