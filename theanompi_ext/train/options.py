@@ -59,6 +59,10 @@ HELP = {
     'checkpoint': 'write OUT/checkpoint.h5, true or false (needs --out)',
     'checkpoint_every': 'iterations between checkpoints (0: at the end of each epoch)',
     'resume': 'continue from OUT/checkpoint.h5 instead of starting afresh',
+    'overwrite': 'start a new run in an --out that holds another run, replacing its '
+                 'checkpoint and outputs (without it such a folder is refused)',
+    'write_timeout_s': 'a checkpoint or final-output write this long aborts every rank, '
+                       'naming the writer, seconds (0: never)',
     'collective_timeout_s': 'a wait inside a step this long aborts every rank, seconds '
                             '(0: never)',
     'stall_warn_s': 'a wait inside a step this long logs the ranks that have not '
@@ -86,8 +90,8 @@ GROUPS = (
       'weight_decay')),
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
                   'first_bucket_cap_mb')),
-    ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume',
-                                'collective_timeout_s', 'stall_warn_s',
+    ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume', 'overwrite',
+                                'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
     ('output', ('out', 'timeline', 'eval_every', 'quiet', 'progress_every')),
 )
@@ -97,6 +101,7 @@ GROUPS = (
 METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline': 'PREFIX',
             'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
             'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
+            'write_timeout_s': 'S',
             'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
             'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
             'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}
