@@ -160,9 +160,11 @@ def test_bsp_rule(tmp_path, model, strategy):
     # Validation ran over every sub-batch of every rank's file batch, at the final parameters.
     assert record[-1]['val_loss'] == pytest.approx(_val_loss(model), rel=1e-4)
     import h5py
+    from theanompi_ext.atomic import read_sealed
     for epoch in (1, 2):
-        with h5py.File(str(tmp_path / 'out' / 'snapshots' / ('params_epoch%03d.h5' % epoch)),
-                       'r') as f:
+        snap_path = str(tmp_path / 'out' / 'snapshots' / ('params_epoch%03d.h5' % epoch))
+        read_sealed(snap_path)                  # whole: its checksum matches
+        with h5py.File(snap_path, 'r') as f:
             assert f.attrs['epoch'] == epoch and f.attrs['iterations'] == 6 * epoch
             snap = [f[k][()] for k in sorted(f.keys())]
     assert_matches_reference(model, snap)

@@ -12,39 +12,34 @@
   in ``model.params`` order, named ``NNN_name``, attributes ``epoch`` and
   ``iterations``.
 
-Every file is written to a temporary name, fsynced and renamed, so a file
-that exists is whole.
+Every file goes through :mod:`theanompi_ext.atomic` (built in memory, free
+space checked, written to a temporary name, fsynced and renamed), so a file
+that exists is whole; snapshots are sealed with their checksum like the
+checkpoints (``atomic.read_sealed`` verifies one before it is read).
 """
+import io
 import json
 import os
+
+from . import atomic
 
 RECORD = 'record.json'
 PLOT = 'record.png'
 SNAPSHOTS = 'snapshots'
 
 
-def _replace_synced(tmp, path):
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 def write_record(out, history, title=None):
     """Write ``record.json`` and its plot ``record.png`` for the epochs so far."""
-    from .train.report import plot_curves, write_plot_safely
+    from .train.report import plot_curves, render_png
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, RECORD)
-    tmp = '%s.tmp-%d' % (path, os.getpid())
-    with open(tmp, 'w') as f:
-        json.dump({'format': 'theanompi_ext contract record', 'epochs': history}, f,
-                  indent=1, default=float)
-        f.flush()
-    _replace_synced(tmp, path)
+    files = {path: json.dumps({'format': 'theanompi_ext contract record', 'epochs': history},
+                              indent=1, default=float).encode()}
     plotted = [dict(h, val_top1=h.get('val_err')) for h in history]
-    write_plot_safely(plot_curves, os.path.join(out, PLOT), plotted, None, title)
+    png = render_png(plot_curves, os.path.join(out, PLOT), plotted, None, title)
+    if png is not None:
+        files[os.path.join(out, PLOT)] = png
+    atomic.write_all(files, 'the run record')
     return path
 
 
@@ -69,15 +64,10 @@ def save_snapshot(out, epoch, iterations, names, values):
     folder = os.path.join(out, SNAPSHOTS)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, 'params_epoch%03d.h5' % epoch)
-    tmp = '%s.tmp-%d' % (path, os.getpid())
-    try:
-        with h5py.File(tmp, 'w') as f:
-            f.attrs['epoch'] = epoch
-            f.attrs['iterations'] = iterations
-            for i, (name, value) in enumerate(zip(names, values)):
-                f['%03d_%s' % (i, name or 'param')] = value
-        _replace_synced(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    buf = io.BytesIO()
+    with h5py.File(buf, 'w', userblock_size=atomic.USERBLOCK) as f:
+        f.attrs['epoch'] = epoch
+        f.attrs['iterations'] = iterations
+        for i, (name, value) in enumerate(zip(names, values)):
+            f['%03d_%s' % (i, name or 'param')] = value
+    return atomic.write_atomic(path, atomic.seal(buf.getbuffer()), 'the parameter snapshot')

@@ -18,6 +18,7 @@ every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
 ends the job (``train.worker.guarded``).
 """
+import io
 import importlib
 import importlib.util
 import json
@@ -215,15 +216,26 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
                    iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
                    history=history, options={k: v for k, v in opts.items()})
     if rank == 0 and opts['out']:
-        os.makedirs(opts['out'], exist_ok=True)
-        np.savez(os.path.join(opts['out'], 'params.npz'), **stepper.state_dict())
-        with open(os.path.join(opts['out'], 'summary.json'), 'w') as f:
-            json.dump(summary, f, indent=1, default=float)
+        write_final(opts['out'], summary, stepper.state_dict())
     log('summary: %d ranks, %d iterations in %.1fs' % (size, stepper.iteration,
                                                        summary['wall_s']))
     if own_comm and hasattr(comm, 'close'):
         comm.close()
     return summary
+
+
+def write_final(out, summary, state):
+    """``params.npz`` and then ``summary.json`` (with the checksum of the former), atomically."""
+    from . import atomic
+    os.makedirs(out, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, **state)
+    params = buf.getvalue()
+    summary = dict(summary, outputs={'params.npz': atomic.sha256_of(params)})
+    atomic.write_all({os.path.join(out, 'params.npz'): params,
+                      os.path.join(out, 'summary.json'):
+                          json.dumps(summary, indent=1, default=float).encode()},
+                     'the final outputs')
 
 
 def main(argv=None):
