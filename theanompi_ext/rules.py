@@ -125,7 +125,7 @@ class BSP(object):
         :data:`theanompi_ext.contract.OPTION_DEFAULTS` (e.g.
         ``warmup='theanompi'``), passed to the ranks in the environment.
         """
-        from .launch.mpiexec import mpiexec_command, find_mpiexec
+        from .launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
         from .launch.devices import parse_devices, remote_hosts, host_args
         if not devices:
             raise ValueError('no devices given')
@@ -148,7 +148,8 @@ class BSP(object):
         self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
                                        extra=host_args(hosts, mpiexec) if hosts else ())
         # Own process group: wait() can stop mpiexec and every rank together.
-        self.proc = subprocess.Popen(self.command, env=env, start_new_session=True)
+        # (and killed with this process, whatever the signal: popen_job)
+        self.proc = popen_job(self.command, env)
         return self
 
     def wait(self, timeout=None):

@@ -188,8 +188,8 @@ def run_ranks(cmd, env, timeout):
     :func:`main`) stops every rank before it propagates, so the caller's
     clean-up (deleting the network namespace) runs with no rank left.
     """
-    from ..launch.mpiexec import stop_group
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    from ..launch.mpiexec import popen_job, stop_group
+    proc = popen_job(cmd, env)      # own group, and killed with this process
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -310,7 +310,7 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
     same configuration is read instead of trained again.
     """
     from ..launch import mpiexec_command
-    from ..launch.mpiexec import child_env, stop_group
+    from ..launch.mpiexec import child_env, popen_job, stop_group
     folder = run_dir(out, setting, i)
     cfg = run_config(setting, i, folder)
     summary_path = os.path.join(folder, 'summary.json')
@@ -338,8 +338,8 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
     with open(log_path, 'w') as log:
         log.write('$ %s\n' % ' '.join(shlex.quote(c) for c in cmd))
         log.flush()
-        proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        # killed with this launcher, whatever the signal (launch/mpiexec.popen_job)
+        proc = popen_job(cmd, child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         # The log is always written (a diverged run is recognised from it);
         # a thread copies it so that the timeout below still applies.
         pump = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),
