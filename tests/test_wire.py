@@ -171,3 +171,56 @@ def test_request_progress_cannot_carry_a_16_bit_wire():
         comm.close()
     with pytest.raises(ValueError, match='wire_method must be one of asa, op'):
         MPICommunicator(wire_method='ring')
+
+
+def test_nccl_sends_its_native_16_bit_types_from_a_wire_copy(monkeypatch):
+    """Fake CuPy + fake library (no GPU here): the cast, NCCL's half/bfloat16
+    allreduce of the 16-bit copy and the cast back, in that order, on the
+    comm stream; bfloat16 refused by name on an NCCL older than 2.10."""
+    from test_nccl import make_comm, FakeCupyArray
+    from theanompi_ext.collective import nccl, nccl_lib
+    comm, cuda, lib, _ = make_comm()
+    stream_cls = type(comm.stream)
+    entered = []
+    monkeypatch.setattr(stream_cls, '__enter__', lambda s: entered.append(s.ptr) or s,
+                        raising=False)
+    monkeypatch.setattr(stream_cls, '__exit__', lambda s, *a: False, raising=False)
+    comm._cp.asarray = lambda b: b
+    calls = []
+
+    class Wire(object):
+        size, data = 16, type('D', (), {'ptr': 0xE000})()
+
+    def to_wire(cp, x, wire):
+        calls.append(('to', x.data.ptr, wire, len(lib.log)))
+        return Wire()
+
+    def from_wire(cp, w, x, wire):
+        calls.append(('from', x.data.ptr, wire, len(lib.log)))
+
+    monkeypatch.setattr(nccl, 'device_to_wire', to_wire)
+    monkeypatch.setattr(nccl, 'device_from_wire', from_wire)
+    for wire, code in (('float16', nccl_lib.NCCL_FLOAT16), ('bfloat16', nccl_lib.NCCL_BFLOAT16)):
+        calls.clear()
+        comm.start_allreduce(FakeCupyArray(n=16, ptr=0xD000), 'b0', wire=wire)
+        n = len(lib.log)
+        assert lib.log[-1] == ('allreduce', 0xE000, 0xE000, 16, code, nccl_lib.NCCL_SUM,
+                               comm.stream.ptr)
+        assert calls == [('to', 0xD000, wire, n - 1), ('from', 0xD000, wire, n)]
+        assert entered[-1] == comm.stream.ptr
+    lib.version = (2, 9, 9)
+    with pytest.raises(nccl_lib.NCCLUnavailable, match='a bfloat16 wire needs NCCL >= 2.10'):
+        comm.start_allreduce(FakeCupyArray(n=16), 'b0', wire='bfloat16')
+
+
+def test_wire_casts_take_an_array_module():
+    """The device path runs the same functions with CuPy: they use only ``xp``."""
+    import types
+    calls = []
+    xp = types.SimpleNamespace(**{n: getattr(np, n) for n in ('empty', 'asarray')})
+    xp.ascontiguousarray = lambda *a, **k: calls.append('contig') or np.ascontiguousarray(*a, **k)
+    xp.left_shift = lambda *a, **k: calls.append('shift') or np.left_shift(*a, **k)
+    x = np.array([1.5, -2.25, 3e38], np.float32)
+    back = W.bfloat16_to_float32(W.float32_to_bfloat16(x, xp=xp), xp=xp)
+    np.testing.assert_array_equal(back, bf16_reference(x).astype(np.float32))
+    assert calls == ['contig', 'shift']

@@ -65,14 +65,15 @@ def _blocks(n):
         yield slice(lo, min(n, lo + BLOCK))
 
 
-def float32_to_bfloat16(x, out=None):
+def float32_to_bfloat16(x, out=None, xp=np):
     """bfloat16 bits (uint16) of float32 ``x``, rounded to nearest, ties to even.
 
     NaN stays NaN (quiet, sign kept); values that round beyond the largest
-    bfloat16 become inf, as IEEE rounding does.
+    bfloat16 become inf, as IEEE rounding does. ``xp``: the array module
+    (numpy; CuPy for a bucket on a GPU).
     """
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    out = np.empty(x.size, np.uint16) if out is None else out
+    x = xp.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = xp.empty(x.size, np.uint16) if out is None else out
     bits = x.view(np.uint32)
     for s in _blocks(x.size):
         u = bits[s]
@@ -87,13 +88,13 @@ def float32_to_bfloat16(x, out=None):
     return out
 
 
-def bfloat16_to_float32(w, out=None):
-    """float32 values of bfloat16 bits ``w`` (exact)."""
-    w = np.asarray(w, dtype=np.uint16).reshape(-1)
-    out = np.empty(w.size, np.float32) if out is None else out
-    bits = out.view(np.uint32)
+def bfloat16_to_float32(w, out=None, xp=np):
+    """float32 values of bfloat16 bits ``w`` (exact); ``xp`` as above."""
+    w = xp.asarray(w, dtype=np.uint16).reshape(-1)
+    out = xp.empty(w.size, np.float32) if out is None else out
+    bits = out.reshape(-1).view(np.uint32)
     for s in _blocks(w.size):
-        np.left_shift(w[s], 16, out=bits[s], dtype=np.uint32)
+        xp.left_shift(w[s], 16, out=bits[s], dtype=np.uint32)
     return out
 
 
