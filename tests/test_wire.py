@@ -224,3 +224,11 @@ def test_wire_casts_take_an_array_module():
     back = W.bfloat16_to_float32(W.float32_to_bfloat16(x, xp=xp), xp=xp)
     np.testing.assert_array_equal(back, bf16_reference(x).astype(np.float32))
     assert calls == ['contig', 'shift']
+
+
+def test_overflow_in_training_ends_every_rank_with_the_message(mpirun):
+    res = mpirun(2, 'run_wire_train.py', timeout=200)
+    assert res.returncode != 0
+    assert 'inf or nan on the float16 wire (largest finite float16: 65504)' in res.stderr, \
+        res.stderr[-3000:]
+    assert 'use --wire-dtype bfloat16' in res.stderr
