@@ -232,3 +232,18 @@ def test_overflow_in_training_ends_every_rank_with_the_message(mpirun):
     assert 'inf or nan on the float16 wire (largest finite float16: 65504)' in res.stderr, \
         res.stderr[-3000:]
     assert 'use --wire-dtype bfloat16' in res.stderr
+
+
+def test_bench_allreduce_times_the_16_bit_wire_in_the_same_run(tmp_path):
+    import subprocess
+    import sys
+    js = tmp_path / 'a.json'
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'bench', 'allreduce', '--quick',
+                        '--sizes', '4K,64K', '--wire-dtype', 'float16', '--json', str(js)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert 'float16 wire (started path, float32 sums): 4 KB ' in r.stdout
+    rows = json.loads(js.read_text())[0]['rows']
+    for row in rows:
+        assert row['wire_s'] > 0 and len(row['wire_all_s']) == 3
+        assert row['ratio_started_wire'] == pytest.approx(row['started_s'] / row['wire_s'])
