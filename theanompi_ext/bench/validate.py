@@ -40,9 +40,10 @@ def register(sub):
                        description=__doc__.split('\n\n')[0])
     p.add_argument('--workers', default=DEFAULT_WORKERS, metavar='K[,K...]',
                    help='worker counts to measure and predict, ranks (default %(default)s)')
-    p.add_argument('--model', default='digits_cnn', metavar='NAME',
-                   help='network from the model zoo, small enough for 8 ranks here '
-                        '(default %(default)s)')
+    from ..train.options import ModelNames
+    p.add_argument('--model', default='digits_cnn', choices=ModelNames(), metavar='NAME',
+                   help='network of the runs, small enough for 8 ranks here, one of '
+                        '%(choices)s (default %(default)s)')
     p.add_argument('--batch', type=int, default=16, metavar='N',
                    help='n, examples per rank per step (default %(default)s)')
     p.add_argument('--steps', type=int, default=4, metavar='N',
@@ -67,7 +68,7 @@ def main(args):
         ks = sorted(set(parse_gpus(args.workers)))
         if ks[0] < 2:
             raise ValueError('--workers: every count must be >= 2 (one rank exchanges nothing)')
-        nets = [parse_network(n) for n in (args.network or ['tbf:200mbit'])]
+        nets = [parse_network(n) for n in (args.network or ['shm'])]
         if len(nets) != 1:
             raise ValueError('--network: give one network (the link speed is measured on it)')
         if args.steps < 1 or args.reps < 1 or args.batch < 1:
