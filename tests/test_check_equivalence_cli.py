@@ -25,3 +25,24 @@ def test_check_equivalence_two_ranks_prints_figure_last():
     assert m, last
     assert float(m.group(1)) < 1e-4
     assert 'PASS' in r.stdout
+
+
+def test_tolerance_of_a_16_bit_wire_by_hand():
+    from theanompi_ext.train.check_equivalence import tolerance
+    assert tolerance('float32') == 1e-4
+    assert abs(tolerance('float16') - 2 * 2.0 ** -11 / 0.1) < 1e-15      # 9.77e-3
+    assert abs(tolerance('bfloat16') - 2 * 2.0 ** -8 / 0.1) < 1e-15
+
+
+def test_check_equivalence_float16_wire_states_tolerance_and_differs():
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'check-equivalence',
+                        '--workers', '2', '--steps', '12', '--subset', '128',
+                        '--wire-dtype', 'float16'],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert 'tolerance 9.8e-03 (relative, float16 wire)' in r.stdout
+    assert 'tolerance 2u/(1-m)' in r.stdout
+    diff = float(re.match(r'max relative parameter difference: ([0-9.e+-]+)$',
+                          r.stdout.strip().splitlines()[-1]).group(1))
+    # the wire really is 16 bits: far above the float32 run's ~1e-7, within the bound
+    assert 1e-4 < diff < 9.8e-3

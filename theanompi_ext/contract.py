@@ -55,6 +55,7 @@ OPTION_DEFAULTS = {
     'exchange_bn': (False, lambda s: str(s).strip().lower() in ('1', 'true', 'yes', 'on')),
     'bucket_cap_mb': (DEFAULT_CAP_MB, float),
     'first_bucket_cap_mb': (DEFAULT_FIRST_CAP_MB, float),
+    'wire_dtype': ('float32', str),    # float16/bfloat16: 16-bit wire, float32 sums
     'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
     'out': ('', str),                  # rank 0 writes params.npz, summary.json, record, snapshots
     'snapshot_freq': (5, int),         # epochs between HDF5 snapshots in OUT/snapshots (0: none)
@@ -283,7 +284,8 @@ class ContractStepper(object):
         self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
                                     opts['bucket_cap_mb'], opts['first_bucket_cap_mb'])
         check_plan_across_ranks(comm, self.buckets, self.layout, extra=(sync_type,))
-        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k)
+        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k,
+                                        wire=opts['wire_dtype'])
         rule_opts = SimpleNamespace(weight_decay=opts['weight_decay'], momentum=opts['momentum'],
                                     momentum_form=opts['momentum_form'],
                                     nesterov=opts['nesterov'])

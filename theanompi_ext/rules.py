@@ -101,6 +101,15 @@ def _child_env(options):
     return env
 
 
+def _check_wire_option(wire, sync_type):
+    """Refuse a bad ``wire_dtype`` option before any rank starts."""
+    from .collective.wire import check_wire_dtype
+    check_wire_dtype(wire)
+    if wire != 'float32' and sync_type != 'kn':
+        raise ValueError('wire_dtype %s exists only for sync_type kn (avg and cdd exchange '
+                         'parameters and momenta in float32)' % wire)
+
+
 class BSP(object):
     """Bulk-synchronous data parallelism with this project's exchange.
 
@@ -140,6 +149,7 @@ class BSP(object):
         if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':
             raise ValueError('exch_strategy ar-overlap exists only for sync_type kn')
         check_model(modelfile, modelclass)
+        _check_wire_option(options.get('wire_dtype', 'float32'), self.sync_type)
         env = _child_env(options)
         argv = [sys.executable, '-u', '-m', 'theanompi_ext.theanompi_worker', modelfile,
                 modelclass, self.sync_type, self.exch_strategy, ','.join(devices)]

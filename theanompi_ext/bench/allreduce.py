@@ -20,6 +20,12 @@ printed alongside, not held to the target: waiting at once is the started
 path's worst case, with nothing to hide the hand-off to the communication
 thread behind (in training, backprop runs meanwhile).
 
+``--wire-dtype float16`` (or ``bfloat16``) adds a fourth method, ``wire``:
+the started path with the buffer sent as 16 bits and summed in float32
+(:mod:`theanompi_ext.collective.mpi_wire`), alternated with the others in
+the same run; ``start/wire`` is the started float32 time over it (above 1:
+the 16-bit wire is faster).
+
 The command launches ``mpiexec -n RANKS`` itself unless it already runs
 inside an MPI job; ``--network tbf:RATE`` runs the ranks in a rate-limited
 network namespace with MPI on TCP (see :mod:`.overlap`).
@@ -60,6 +66,9 @@ def register(sub):
                    help='target length of a timed block (default %(default)s ms)')
     p.add_argument('--quick', action='store_true',
                    help='a quick look: 3 sizes up to 1 MB, 3 repetitions')
+    p.add_argument('--wire-dtype', default='float32', choices=('float32', 'float16', 'bfloat16'),
+                   help='also time the started path with this 16-bit wire, one of '
+                        '%(choices)s (default %(default)s: not timed)')
     add_common_options(p, '1gbit', 1800.0)
     p.set_defaults(func=main)
 
@@ -110,7 +119,7 @@ def make_spec(args):
     else:
         sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     return dict(sizes=sizes, reps=3 if args.quick else args.reps,
-                block_s=args.block_ms / 1e3)
+                block_s=args.block_ms / 1e3, wire_dtype=getattr(args, 'wire_dtype', 'float32'))
 
 
 def parse_size(text):
@@ -196,6 +205,10 @@ def format_table(res):
         '>= %.2f' % TARGET_RATIO if not started_below else 'below %.2f' % TARGET_RATIO,
         format_size(TARGET_FROM_BYTES),
         ' at ' + ', '.join(started_below) if started_below else ''))
+    if res.get('wire_dtype', 'float32') != 'float32':
+        lines.append('%s wire (started path, float32 sums): %s' % (res['wire_dtype'], ', '.join(
+            '%s %.1f us (start/wire %.2f)' % (format_size(r['bytes']), 1e6 * r['wire_s'],
+                                              r['ratio_started_wire']) for r in res['rows'])))
     return '\n'.join(lines)
 
 
@@ -218,6 +231,8 @@ def measure(spec, raw_comm=None):
     ours = MPICommunicator(comm)
     p = comm.Get_size()
     rows = []
+    wire = spec.get('wire_dtype', 'float32')
+    methods = METHODS + (('wire',) if wire != 'float32' else ())
     try:
         for nbytes in spec['sizes']:
             # Zeros stay zeros under repeated in-place sums (no overflow and
@@ -227,34 +242,37 @@ def measure(spec, raw_comm=None):
                 'raw': lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
                 'ours': lambda: ours.allreduce(buf),
                 'started': lambda: ours.start_allreduce(buf).wait(),
+                'wire': lambda: ours.start_allreduce(buf, wire=wire).wait(),
             }
-            for m in METHODS:        # warm-up: connections, pages, the thread
+            for m in methods:        # warm-up: connections, pages, the thread
                 calls[m]()
             iters = _iterations(comm, calls['raw'], spec['block_s'])
-            local = {m: [] for m in METHODS}
+            local = {m: [] for m in methods}
             for rep in range(spec['reps']):
-                k = rep % len(METHODS)
-                for m in METHODS[k:] + METHODS[:k]:
+                k = rep % len(methods)
+                for m in methods[k:] + methods[:k]:
                     comm.Barrier()
                     t0 = time.perf_counter()
                     for _ in range(iters):
                         calls[m]()
                     local[m].append((time.perf_counter() - t0) / iters)
             # A block ends when its slower rank ends.
-            slow = {m: np.max(comm.allgather(local[m]), axis=0) for m in METHODS}
+            slow = {m: np.max(comm.allgather(local[m]), axis=0) for m in methods}
             row = dict(bytes=int(nbytes), iters=int(iters))
-            for m in METHODS:
+            for m in methods:
                 t = float(np.median(slow[m]))
                 row[m + '_s'] = t
                 row[m + '_busbw_GBps'] = bus_bandwidth(nbytes, t, p)
                 row[m + '_all_s'] = [float(v) for v in slow[m]]
             for m in METHODS[1:]:
                 row['ratio_' + m] = row['raw_s'] / row[m + '_s']
+            if wire != 'float32':
+                row['ratio_started_wire'] = row['started_s'] / row['wire_s']
             rows.append(row)
     finally:
         ours.close()
     return dict(benchmark='allreduce', ranks=p, network=spec.get('network', 'shm'),
-                mpi=library_version(), reps=spec['reps'], rows=rows)
+                mpi=library_version(), reps=spec['reps'], rows=rows, wire_dtype=wire)
 
 
 def _iterations(comm, call, block_s):

@@ -13,6 +13,7 @@ BENCHES = {
     'overlap': 'theanompi_ext.bench.overlap',
     'allreduce': 'theanompi_ext.bench.allreduce',
     'compare': 'theanompi_ext.bench.compare',
+    'validate': 'theanompi_ext.bench.validate',
 }
 
 

@@ -351,7 +351,7 @@ def measure_model(comm, name, spec):
     data = synthetic_dataset(shape, 4 * n * k)
     opts = dict(model=name, batch_per_worker=n, epochs=1, warmup='none', base_lr=0.01,
                 quiet=True, checkpoint=False)
-    for key in ('bucket_cap_mb', 'first_bucket_cap_mb'):
+    for key in ('bucket_cap_mb', 'first_bucket_cap_mb', 'wire_dtype'):
         if spec.get(key):
             opts[key] = spec[key]
     trainers = {}

@@ -73,15 +73,19 @@ class Communicator(object):
     name = 'abstract'
     rank = 0
     size = 1
+    #: dtypes this backend can send ``start_allreduce``'s buffers as
+    #: (``wire=``); the sum is float32 whatever travels (collective/wire.py).
+    wire_dtypes = ('float32',)
 
     def allreduce(self, buf):
         """Sum the contiguous float32 array ``buf`` over all ranks, in place."""
         raise NotImplementedError
 
-    def start_allreduce(self, buf, name=None):
+    def start_allreduce(self, buf, name=None, wire='float32'):
         """Start an in-place sum of ``buf``; return a :class:`Handle`.
 
         The buffer must not be touched until the handle is waited on.
+        ``wire``: one of :attr:`wire_dtypes`, what the values travel as.
         """
         raise NotImplementedError
 
@@ -127,6 +131,16 @@ class ObjectsOverMPI(object):
 
     def abort(self, code=1):
         self.comm.Abort(code)
+
+
+def check_wire(comm, wire):
+    """Refuse a wire dtype ``comm``'s backend cannot send, naming what it can."""
+    from .wire import check_wire_dtype
+    check_wire_dtype(wire)
+    if wire not in comm.wire_dtypes:
+        raise ValueError('the %s backend cannot send gradients as %s (wire dtypes it '
+                         'can send: %s)' % (comm.name, wire, ', '.join(comm.wire_dtypes)))
+    return wire
 
 
 def check_buffer(buf):

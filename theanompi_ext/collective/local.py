@@ -3,19 +3,22 @@
 Used by one-process runs and reference computations, so the same training
 code runs with and without MPI.
 """
-from .base import Communicator, CompletedHandle, check_buffer
+from .base import Communicator, CompletedHandle, check_buffer, check_wire
+from .wire import WIRE_DTYPES
 
 
 class LocalCommunicator(Communicator):
     """A world of one rank."""
     name = 'local'
+    wire_dtypes = WIRE_DTYPES      # nothing travels: every wire is the identity
 
     def allreduce(self, buf):
         check_buffer(buf)
         return buf
 
-    def start_allreduce(self, buf, name=None):
+    def start_allreduce(self, buf, name=None, wire='float32'):
         check_buffer(buf)
+        check_wire(self, wire)
         return CompletedHandle(buf, name)
 
     def allgather(self, obj):

@@ -29,7 +29,10 @@ import time
 
 import numpy as np
 
-from .base import Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer
+from .base import (Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer,
+                   check_wire)
+from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, wire_allreduce, free_ops
+from .wire import WIRE_DTYPES
 
 
 # Scheduling of the communication thread. Measured (docs/overlap.md): on
@@ -64,12 +67,18 @@ def _mpi():
 class MPICommunicator(ObjectsOverMPI, Communicator):
     """Allreduce over an mpi4py communicator (COMM_WORLD by default)."""
     name = 'mpi'
+    wire_dtypes = WIRE_DTYPES      # 16-bit wires: collective/mpi_wire.py
 
     def __init__(self, comm=None, progress='thread', thread_nice=None, thread_idle=None,
-                 thread_poll_us=None):
+                 thread_poll_us=None, wire_method=DEFAULT_WIRE_METHOD):
         MPI = _mpi()
         if progress not in ('thread', 'request'):
             raise ValueError("progress must be 'thread' or 'request', got %r" % (progress,))
+        if wire_method not in WIRE_METHODS:
+            raise ValueError('wire_method must be one of %s, got %r'
+                             % (', '.join(WIRE_METHODS), wire_method))
+        self.wire_method = wire_method
+        self._wire_ops = {}
         self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
@@ -94,19 +103,27 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self._thread = None
 
     # -- blocking ---------------------------------------------------------
-    def allreduce(self, buf):
+    def allreduce(self, buf, wire='float32'):
         check_buffer(buf)
-        if self.size > 1:
+        check_wire(self, wire)
+        if self.size > 1 and wire != 'float32':
+            wire_allreduce(self.comm, buf, wire, self.wire_method, 'allreduce', self._wire_ops)
+        elif self.size > 1:
             self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
         return buf
 
     # -- started ------------------------------------------------------------
-    def start_allreduce(self, buf, name=None):
+    def start_allreduce(self, buf, name=None, wire='float32'):
         check_buffer(buf)
+        check_wire(self, wire)
         if self.size == 1:
-            return CompletedHandle(buf, name)
+            return CompletedHandle(buf, name)     # nothing travels: no cast
+        if wire != 'float32' and self.progress != 'thread':
+            raise ValueError("a %s wire needs progress='thread' (its sum has no "
+                             "nonblocking form)" % wire)
         if self.progress == 'thread':
             handle = _StartedHandle(buf, name, self)
+            handle.wire = wire
             self._ensure_thread()
             with self._cond:
                 self._todo.append(handle)
@@ -155,7 +172,10 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         handle.t_start = time.perf_counter()
         error = None
         try:
-            if self.thread_poll_us > 0:
+            if handle.wire != 'float32':
+                wire_allreduce(self._bg_comm, handle.buf, handle.wire, self.wire_method,
+                               handle.name, self._wire_ops)
+            elif self.thread_poll_us > 0:
                 req = self._bg_comm.Iallreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
                 wait_sleeping(req, self.thread_poll_us * 1e-6)
             else:
@@ -175,6 +195,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
                 self._cond.notify_all()
             self._thread.join()
             self._thread = None
+        free_ops(self._wire_ops)
         if self._bg_comm is not None:
             self._bg_comm.Free()
             self._bg_comm = None
@@ -182,8 +203,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
     def describe(self):
         wait = ('tests + sleeps <= %g us' % self.thread_poll_us if self.thread_poll_us
                 else 'blocking')
-        return 'mpi rank %d/%d (%s, progress=%s, thread wait %s)' % (
-            self.rank, self.size, library_version(), self.progress, wait)
+        return 'mpi rank %d/%d (%s, progress=%s, thread wait %s, 16-bit wire %s)' % (
+            self.rank, self.size, library_version(), self.progress, wait, self.wire_method)
 
 
 def lower_thread_priority(nice=0, idle=False):
@@ -233,6 +254,7 @@ class _StartedHandle(Handle):
     def __init__(self, buf, name, comm):
         Handle.__init__(self, buf, name)
         self.ran_inline = False   # True: the waiting thread ran the transfer
+        self.wire = 'float32'     # dtype on the wire (set by start_allreduce)
         self._comm = comm
 
     def wait(self, timeout=None):

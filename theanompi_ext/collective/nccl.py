@@ -33,6 +33,17 @@ Mismatched sizes across ranks
     checked on every start. ``'always'`` checks every start (debugging),
     ``'off'`` never. :meth:`NCCLCommunicator.check_plan` checks a whole
     bucket plan in one allgather and marks its names as checked.
+
+16-bit wire (``start_allreduce(..., wire='float16'|'bfloat16')``)
+    CuPy buffers only: the bucket is cast on the comm stream into one
+    16-bit copy (bfloat16 as uint16 bits, round-to-nearest-even, by the
+    functions of :mod:`.wire` run with CuPy), summed by NCCL's native
+    ``ncclFloat16``/``ncclBfloat16`` allreduce and cast back. Unlike the
+    MPI path, NCCL keeps its partial sums in the 16-bit type (up to k-1
+    roundings: the bound of the ``op`` method in :mod:`.mpi_wire`), and
+    inf/nan are not looked for (that would block the host); a non-finite
+    gradient then shows as a non-finite loss. bfloat16 needs NCCL >= 2.10.
+    Not yet run on a GPU (tested against fakes).
 """
 import socket
 import time
@@ -42,7 +53,8 @@ import numpy as np
 from .base import Communicator, Handle, ObjectsOverMPI
 from .world import world_comm
 from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM,
-                       load_library, INSTALL_HINT, SHORT_HINT)
+                       NCCL_FLOAT16, NCCL_BFLOAT16, load_library, INSTALL_HINT, SHORT_HINT)
+from .wire import WIRE_DTYPES, bfloat16_to_float32, float32_to_bfloat16
 
 CUPY_HINT = ('pip install cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13), or '
              'theanompi_ext[gpu] / [gpu-cu13]')
@@ -414,6 +426,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
     lib, cupy : injected library / CuPy module (tests).
     """
     name = 'nccl'
+    wire_dtypes = WIRE_DTYPES
 
     def __init__(self, comm=None, device=None, stream=None, size_check='first',
                  sync_wait=False, compute_stream=None, lib=None, cupy=None):
@@ -518,8 +531,13 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
             self._seen[name] = count
 
     # -- allreduce ----------------------------------------------------------------
-    def start_allreduce(self, buf, name=None):
+    def start_allreduce(self, buf, name=None, wire='float32'):
         """Enqueue an in-place float32 sum of ``buf`` on the comm stream; see module docstring."""
+        from .base import check_wire
+        check_wire(self, wire)
+        if wire == 'bfloat16' and tuple(self.lib.version) < (2, 10):
+            raise NCCLUnavailable('a bfloat16 wire needs NCCL >= 2.10, this is NCCL %s'
+                                  % self.lib.version_string())
         if self._nccl is None:
             raise RuntimeError('NCCL communicator is closed')
         info = float32_device_buffer(buf)
@@ -538,8 +556,11 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
             ready = cp.cuda.Event(disable_timing=True)
             ready.record(compute)
             self.stream.wait_event(ready)
-            self.lib.all_reduce(info.ptr, info.ptr, info.count, NCCL_FLOAT32, NCCL_SUM,
-                                self._nccl, self.stream.ptr)
+            if wire == 'float32':
+                self.lib.all_reduce(info.ptr, info.ptr, info.count, NCCL_FLOAT32, NCCL_SUM,
+                                    self._nccl, self.stream.ptr)
+            else:
+                self._wire_allreduce(buf, wire)
             done = cp.cuda.Event(disable_timing=True)
             done.record(self.stream)
         handle = NCCLHandle(buf, name, done, self, sync=self.sync_wait)
@@ -549,6 +570,18 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         self._inflight = [h for h in self._inflight if not h.done()]
         self._inflight.append(handle)
         return handle
+
+    def _wire_allreduce(self, buf, wire):
+        """Cast to ``wire``, NCCL's 16-bit sum, cast back: all on the comm stream."""
+        cp = self._cp
+        with self.stream:
+            x = cp.asarray(buf)
+            w = device_to_wire(cp, x, wire)
+            self.lib.all_reduce(w.data.ptr, w.data.ptr, w.size,
+                                NCCL_FLOAT16 if wire == 'float16' else NCCL_BFLOAT16,
+                                NCCL_SUM, self._nccl, self.stream.ptr)
+            device_from_wire(cp, w, x, wire)
+        # freed by CuPy's stream-ordered pool after the cast back is queued
 
     def allreduce(self, buf):
         """Sum ``buf`` over all ranks in place; returns once the host can read it."""
@@ -590,6 +623,21 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         return 'nccl rank %d/%d (NCCL %s from %s, %s%s, size_check=%s)' % (
             self.rank, self.size, self.lib.version_string(), self.lib.source, dev, prio,
             self.size_check)
+
+
+def device_to_wire(cp, x, wire):
+    """The 16-bit copy (uint16 bits) of CuPy float32 array ``x``, on the current stream."""
+    if wire == 'float16':
+        return x.astype(cp.float16).view(cp.uint16)
+    return float32_to_bfloat16(x, xp=cp)
+
+
+def device_from_wire(cp, w, x, wire):
+    """Cast 16-bit bits ``w`` back into ``x`` in place, on the current stream."""
+    if wire == 'float16':
+        x[...] = w.view(cp.float16).reshape(x.shape)
+    else:
+        bfloat16_to_float32(w, x, xp=cp)
 
 
 __all__ = ['NCCLCommunicator', 'NCCLHandle', 'DeviceBuffer', 'device_buffer',

@@ -10,10 +10,10 @@ exch_strategy   backend      notes
 ``asa16``       (refused)    not implemented; ``nccl32`` does the same job
 ==============  ===========  ==============================================
 
-``nccl16`` is refused rather than emulated: a cast to float16, sum and
-cast back changes the arithmetic of the Goyal et al. recipe (gradients
-summed over hundreds of ranks overflow/underflow in fp16 without loss
-scaling), and it could not be tested here without a GPU.
+``nccl16`` and ``asa16`` are refused as strategy names; their 16-bit wire
+is the separate option ``wire_dtype`` (``float16``/``bfloat16``, see
+:mod:`.wire`), with float32 sums over MPI (alltoall-sum-allgather) and
+NCCL's native half/bfloat16 sums over NCCL.
 """
 from .nccl_lib import INSTALL_HINT, NCCLUnavailable
 
@@ -21,11 +21,13 @@ EXCH_STRATEGIES = {'ar': 'mpi', 'nccl32': 'nccl'}
 
 _REFUSED = {
     'nccl16': "exch_strategy 'nccl16' (fp16-compressed NCCL allreduce) is not "
-              "implemented; use 'nccl32' (float32 NCCL) or 'ar' (MPI)",
+              "implemented as a strategy; use 'nccl32' with the option "
+              "wire_dtype='float16' (NCCL's half sum), or 'ar' (MPI)",
     'asa32': "exch_strategy 'asa32' (alltoall-sum-allgather over CUDA-aware MPI) is not "
              "implemented; use 'nccl32' for GPU buffers or 'ar' for host buffers",
-    'asa16': "exch_strategy 'asa16' (fp16 alltoall-sum-allgather) is not implemented; "
-             "use 'nccl32' or 'ar'",
+    'asa16': "exch_strategy 'asa16' (fp16 alltoall-sum-allgather) is not implemented as "
+             "a strategy; use 'ar' with the option wire_dtype='float16' (host buffers: "
+             "alltoall, float32 sum, allgather) or 'nccl32'",
 }
 
 

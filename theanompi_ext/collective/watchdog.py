@@ -442,9 +442,15 @@ class WatchedCommunicator(Communicator):
         with self.watchdog.waiting(label or 'allreduce of %d floats' % buf.size):
             return self.inner.allreduce(buf)
 
-    def start_allreduce(self, buf, name=None):
+    @property
+    def wire_dtypes(self):
+        return self.inner.wire_dtypes
+
+    def start_allreduce(self, buf, name=None, wire='float32'):
         """Start on ``comm``; the returned handle's ``wait`` is watched."""
-        handle = self.inner.start_allreduce(buf, name)
+        # float32 keeps the plain call (backends without a wire argument)
+        handle = (self.inner.start_allreduce(buf, name) if wire == 'float32'
+                  else self.inner.start_allreduce(buf, name, wire=wire))
         inner_wait = handle.wait
         dog = self.watchdog
 

@@ -8,9 +8,18 @@ class KnSumExchanger(object):
     The local tail of the gradient (parameters not exchanged) is multiplied
     by ``local_scale`` = k, turning a kn-normalised local gradient into the
     worker's own n-mean (see :mod:`theanompi_ext.update.policy`).
+    ``wire``: what the buckets travel as (``float32``, ``float16``,
+    ``bfloat16``; summed in float32 either way, see collective/wire.py);
+    a backend that cannot send it is refused here, by name.
     """
 
-    def __init__(self, comm, buckets, n_exchanged_entries, local_scale):
+    def __init__(self, comm, buckets, n_exchanged_entries, local_scale, wire='float32'):
+        from ..collective.base import check_wire
+        if wire != 'float32':
+            check_wire(comm, wire)
+        # Only a 16-bit wire is passed on: float32 keeps the plain call.
+        self._wire_kw = {'wire': wire} if wire != 'float32' else {}
+        self.wire = wire
         self.comm = comm
         self.buckets = buckets
         self.n_exch = n_exchanged_entries
@@ -23,7 +32,8 @@ class KnSumExchanger(object):
         """Start bucket ``bucket``'s allreduce (its gradients are final)."""
         b = self.buckets[bucket]
         self._handles.append(self.comm.start_allreduce(grads[b.start:b.stop],
-                                                       name='bucket%d' % b.index))
+                                                       name='bucket%d' % b.index,
+                                                       **self._wire_kw))
 
     def start_ready(self, n_ready, grads):
         """Start, in plan order, every bucket not yet started whose parameters

@@ -75,6 +75,10 @@ def register(subparsers):
     ex.add_argument('--barrier', action='store_true',
                     help='add a barrier to the serial exchange, one more collective per '
                          'step')
+    ex.add_argument('--wire-dtype', choices=('float32', 'float16', 'bfloat16'),
+                    default='float32',
+                    help='what the gradients travel as, one of %(choices)s: 16 bits halve '
+                         'the bytes of every allreduce (default %(default)s)')
     ex.add_argument('--baseline-gpus', type=int, metavar='K',
                     help='efficiency is relative to this many GPUs (default: the '
                          "preset's, else 1)")
@@ -154,6 +158,7 @@ def build_config(args):
     overlap = args.overlap if args.overlap is not None else (preset.overlap if preset else True)
     return dict(preset=preset, workload=workload, network=network, bucket_mb=bucket_mb,
                 ks=ks, baseline=baseline, overlap=overlap, barrier=args.barrier,
+                wire_dtype=getattr(args, 'wire_dtype', 'float32'),
                 report_images=preset.report_images if preset else None)
 
 
@@ -188,6 +193,8 @@ def format_table(cfg, rows):
                  'comm stream' % (_plural(o0.allreduces, 'allreduce'), bucket))
     lines.append('  serial (Theano-MPI): %s, one per tensor, after backprop%s'
                  % (_plural(s0.allreduces, 'allreduce'), ' + barrier' if cfg['barrier'] else ''))
+    if cfg.get('wire_dtype', 'float32') != 'float32':
+        lines.append('  wire: %s, half the bytes of every allreduce' % cfg['wire_dtype'])
     lines.append('  efficiency relative to %s: step(%d) / step(k), same exchange, '
                  'per-worker batch fixed' % (_baseline_label(cfg), cfg['baseline']))
     batch = wl.per_worker_batch
@@ -265,7 +272,7 @@ def run(cfg):
     from .model import scaling
     ks = sorted(set(cfg['ks']) | {cfg['baseline']})
     rows = scaling(cfg['workload'], cfg['network'], ks, cfg['bucket_mb'] * MIB,
-                   cfg['baseline'], cfg['barrier'])
+                   cfg['baseline'], cfg['barrier'], cfg.get('wire_dtype', 'float32'))
     top = [r for r in rows if r['k'] == max(cfg['ks'])][0]
     return rows, top['overlap_rel' if cfg['overlap'] else 'serial_rel']
 

@@ -180,10 +180,13 @@ class Message:
     count: int = 1
     layers: Tuple[str, ...] = ()
 
-    def cost(self, net, k):
-        """Seconds the allreduces of this message occupy the comm stream."""
+    def cost(self, net, k, wire_scale=1.0):
+        """Seconds the allreduces of this message occupy the comm stream.
+
+        ``wire_scale``: bytes on the wire per float32 byte (0.5 for a 16-bit wire).
+        """
         # Unbucketed tensors are separate allreduces, each paying latency.
-        return self.count * net.allreduce(self.nbytes / self.count, k)
+        return self.count * net.allreduce(wire_scale * self.nbytes / self.count, k)
 
 
 def make_messages(workload, bucket_cap_bytes=None):
@@ -239,17 +242,23 @@ class StepResult:
         return (self.forward_s + self.backward_s) / self.step_s
 
 
-def step_time(workload, net, k, overlap=True, bucket_cap_bytes=None, barrier=False):
+WIRE_SCALE = {'float32': 1.0, 'float16': 0.5, 'bfloat16': 0.5}
+
+
+def step_time(workload, net, k, overlap=True, bucket_cap_bytes=None, barrier=False,
+              wire_dtype='float32'):
     """Predict one step's time on ``k`` workers; returns a :class:`StepResult`.
 
     ``overlap`` True: allreduces start as their bucket becomes ready, on one
     FIFO comm stream. False: they all run after backward (serial), plus a
-    barrier if ``barrier``.
+    barrier if ``barrier``. ``wire_dtype``: what the gradients travel as
+    (buckets are still planned on float32 bytes; the casts' CPU time is
+    not modelled).
     """
     k = net.check_workers(k)
     msgs = make_messages(workload, bucket_cap_bytes)
     bwd = workload.backward_s
-    costs = [m.cost(net, k) for m in msgs]
+    costs = [m.cost(net, k, WIRE_SCALE[wire_dtype]) for m in msgs]
     comm = sum(costs)
     if overlap:
         free = 0.0                          # when the comm stream is next idle
@@ -265,7 +274,8 @@ def step_time(workload, net, k, overlap=True, bucket_cap_bytes=None, barrier=Fal
                       allreduces=sum(m.count for m in msgs), messages=msgs)
 
 
-def scaling(workload, net, ks, bucket_cap_bytes=None, baseline_k=1, barrier=False):
+def scaling(workload, net, ks, bucket_cap_bytes=None, baseline_k=1, barrier=False,
+            wire_dtype='float32'):
     """Step results for every ``k`` in ``ks``, overlapped and serial.
 
     Returns a list of dicts ``{'k', 'overlap', 'serial'}`` whose values are
@@ -276,12 +286,12 @@ def scaling(workload, net, ks, bucket_cap_bytes=None, baseline_k=1, barrier=Fals
     """
     if not ks:
         raise ValueError('no worker counts given')
-    base_o = step_time(workload, net, baseline_k, True, bucket_cap_bytes)
-    base_s = step_time(workload, net, baseline_k, False, None, barrier)
+    base_o = step_time(workload, net, baseline_k, True, bucket_cap_bytes, wire_dtype=wire_dtype)
+    base_s = step_time(workload, net, baseline_k, False, None, barrier, wire_dtype)
     rows = []
     for k in ks:
-        o = step_time(workload, net, k, True, bucket_cap_bytes)
-        s = step_time(workload, net, k, False, None, barrier)
+        o = step_time(workload, net, k, True, bucket_cap_bytes, wire_dtype=wire_dtype)
+        s = step_time(workload, net, k, False, None, barrier, wire_dtype)
         rows.append({'k': o.k, 'overlap': o, 'serial': s,
                      'overlap_rel': base_o.step_s / o.step_s,
                      'serial_rel': base_s.step_s / s.step_s})

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from ..update.schedule import WARMUPS
 from ..update.momentum import FORMS
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+from ..collective.wire import WIRE_DTYPES
 
 EXCH_STRATEGIES = ('ar', 'ar-overlap')
 
@@ -34,6 +35,7 @@ class TrainConfig(object):
     exchange_bn: bool = False
     bucket_cap_mb: float = DEFAULT_CAP_MB              # see buckets/plan.py
     first_bucket_cap_mb: float = DEFAULT_FIRST_CAP_MB
+    wire_dtype: str = 'float32'          # what gradient buckets travel as (summed in float32)
     seed: int = 0                        # model init
     data_seed: int = 0                   # per-epoch shuffles
     max_steps: int = 0                   # 0: whole epochs
@@ -90,6 +92,11 @@ class TrainConfig(object):
             bad('exch_strategy', 'choose from %s' % (EXCH_STRATEGIES,))
         if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':
             bad('exch_strategy', 'overlap exists only for sync_type=kn')
+        if self.wire_dtype not in WIRE_DTYPES:
+            bad('wire_dtype', 'choose from %s' % (WIRE_DTYPES,))
+        if self.wire_dtype != 'float32' and self.sync_type != 'kn':
+            bad('wire_dtype', "a 16-bit wire exists only for sync_type=kn's gradient sums "
+                "(avg and cdd exchange parameters and momenta in float32)")
         if not 0 < self.decay_factor <= 1:
             bad('decay_factor', 'must be in (0, 1]')
         if isinstance(self.decay_epochs, list):

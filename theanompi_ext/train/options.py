@@ -54,6 +54,9 @@ HELP = {
     'exchange_bn': 'also exchange the BN gamma/beta, true or false (default: each worker '
                    'keeps its own, as in the paper)',
     'bucket_cap_mb': 'size cap of one allreduce bucket, MB',
+    'wire_dtype': 'what the gradient buckets travel as, one of %(choices)s: 16 bits halve '
+                  'the bytes, the sum stays float32 (kn only; inf/nan after the cast stops '
+                  'the run)',
     'first_bucket_cap_mb': 'size cap of the first bucket (the output layers, ready '
                            'first), MB',
     'checkpoint': 'write OUT/checkpoint.h5, true or false (needs --out)',
@@ -89,7 +92,7 @@ GROUPS = (
       'decay_epochs', 'decay_factor', 'momentum', 'momentum_form', 'nesterov',
       'weight_decay')),
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
-                  'first_bucket_cap_mb')),
+                  'first_bucket_cap_mb', 'wire_dtype')),
     ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
@@ -134,9 +137,10 @@ def _choices():
     from ..exchange.rules import SYNC_TYPES
     from ..update.momentum import FORMS
     from ..update.schedule import WARMUPS
-    from .config import EXCH_STRATEGIES
+    from .config import EXCH_STRATEGIES, WIRE_DTYPES
     return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
-            'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES}
+            'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
+            'wire_dtype': WIRE_DTYPES}
 
 
 def _parse_bool(s):

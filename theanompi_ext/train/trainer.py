@@ -89,7 +89,8 @@ class Trainer(object):
         except ValueError as exc:
             raise RankMismatchError(str(exc))
         self.backward = compile_in_turn(comm, lambda: self._build_backward(bn_groups))
-        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k * bn_groups)
+        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k * bn_groups,
+                                        wire=cfg.wire_dtype)
         self.rule = make_rule(cfg.sync_type, comm, self.layout, n_exch_params,
                               self.params.tags, self.exchanger, cfg)
         self.iters_per_epoch = shards.iterations_per_epoch(len(dataset.y_train), k * bn_groups, n)

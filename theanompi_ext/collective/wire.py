@@ -1,0 +1,189 @@
+"""The arithmetic of a 16-bit wire: casts, float32 sums, range checks, error bounds.
+
+A gradient bucket is float32. With ``wire='float16'`` or ``'bfloat16'`` it
+travels as 16-bit values and is summed in float32 (never accumulated in 16
+bits across ranks), then cast back. Everything here is plain array code,
+no MPI: the collective layer moves the 16-bit values.
+
+Representation: every 16-bit wire value is held as ``uint16`` (numpy has
+no bfloat16, and MPI moves both formats as ``MPI.UINT16_T``):
+
+``float16``   IEEE binary16 bits (numpy's own cast, round-to-nearest-even);
+              largest finite value 65504, unit roundoff 2**-11.
+``bfloat16``  the upper half of float32's bits, rounded to nearest even by
+              :func:`float32_to_bfloat16`; float32's range (~3.4e38), unit
+              roundoff 2**-8.
+
+Overflow (``docs/performance.md``, "16-bit wire"): a value beyond the 16-bit
+range becomes inf (IEEE rounding), and so does its sum. It is *detected*,
+not scaled away: :func:`nonfinite_count` finds it in the exchanged result,
+which is identical on every rank, so every rank stops at the same bucket
+(:class:`WireOverflow`).
+
+Memory: the casts work in blocks of :data:`BLOCK` elements, so their
+temporaries are bounded; the caller holds one 16-bit copy of the bucket.
+"""
+import numpy as np
+
+WIRE_DTYPES = ('float32', 'float16', 'bfloat16')
+#: Elements per block of a cast (bounds the cast's temporaries to ~0.5 MB).
+BLOCK = 1 << 16
+
+# unit roundoff (half an ulp at 1), smallest positive subnormal, largest finite
+_UNIT = {'float32': 2.0 ** -24, 'float16': 2.0 ** -11, 'bfloat16': 2.0 ** -8}
+_TINY = {'float32': 2.0 ** -149, 'float16': 2.0 ** -24, 'bfloat16': 2.0 ** -133}
+_MAX = {'float32': float(np.finfo(np.float32).max), 'float16': 65504.0,
+        'bfloat16': float(np.uint32(0x7F7F0000).view(np.float32))}
+# exponent bits of the 16-bit formats: all ones means inf or nan
+_EXP_MASK = {'float16': 0x7C00, 'bfloat16': 0x7F80}
+
+
+class WireOverflow(ArithmeticError):
+    """An exchanged bucket holds inf or nan after a 16-bit wire cast."""
+
+
+def check_wire_dtype(name):
+    """``name`` if it is a wire dtype, else ValueError listing them."""
+    if name not in WIRE_DTYPES:
+        raise ValueError('unknown wire dtype %r; choose from %s'
+                         % (name, ', '.join(WIRE_DTYPES)))
+    return name
+
+
+def unit_roundoff(wire):
+    """Relative rounding error bound of one cast to ``wire`` (normal range)."""
+    return _UNIT[check_wire_dtype(wire)]
+
+
+def max_finite(wire):
+    """Largest finite value of ``wire``."""
+    return _MAX[check_wire_dtype(wire)]
+
+
+def _blocks(n):
+    for lo in range(0, n, BLOCK):
+        yield slice(lo, min(n, lo + BLOCK))
+
+
+def float32_to_bfloat16(x, out=None, xp=np):
+    """bfloat16 bits (uint16) of float32 ``x``, rounded to nearest, ties to even.
+
+    NaN stays NaN (quiet, sign kept); values that round beyond the largest
+    bfloat16 become inf, as IEEE rounding does. ``xp``: the array module
+    (numpy; CuPy for a bucket on a GPU).
+    """
+    x = xp.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = xp.empty(x.size, np.uint16) if out is None else out
+    bits = x.view(np.uint32)
+    for s in _blocks(x.size):
+        u = bits[s]
+        # Adding 0x7FFF plus the lowest kept bit, then truncating, rounds
+        # to nearest with ties to the even neighbour; a carry into the
+        # exponent is the correct next binade (or inf past the largest).
+        r = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+        nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        if nan.any():
+            r[nan] = (u[nan] >> np.uint32(16)) | np.uint32(0x0040)
+        out[s] = r
+    return out
+
+
+def bfloat16_to_float32(w, out=None, xp=np):
+    """float32 values of bfloat16 bits ``w`` (exact); ``xp`` as above."""
+    w = xp.asarray(w, dtype=np.uint16).reshape(-1)
+    out = xp.empty(w.size, np.float32) if out is None else out
+    bits = out.reshape(-1).view(np.uint32)
+    for s in _blocks(w.size):
+        xp.left_shift(w[s], 16, out=bits[s], dtype=np.uint32)
+    return out
+
+
+def encode(x, wire, out=None):
+    """The 16-bit wire bits (uint16) of float32 ``x``; ``out`` is reused if given."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if wire == 'bfloat16':
+        return float32_to_bfloat16(x, out)
+    if wire != 'float16':
+        raise ValueError('encode: %r is not a 16-bit wire dtype' % (wire,))
+    out = np.empty(x.size, np.uint16) if out is None else out
+    half = out.view(np.float16)
+    for s in _blocks(x.size):
+        np.copyto(half[s], x[s], casting='same_kind')
+    return out
+
+
+def decode(w, wire, out=None):
+    """float32 values of wire bits ``w`` (exact: every 16-bit value is a float32)."""
+    if wire == 'bfloat16':
+        return bfloat16_to_float32(w, out)
+    if wire != 'float16':
+        raise ValueError('decode: %r is not a 16-bit wire dtype' % (wire,))
+    w = np.asarray(w, dtype=np.uint16).reshape(-1)
+    out = np.empty(w.size, np.float32) if out is None else out
+    half = w.view(np.float16)
+    for s in _blocks(w.size):
+        np.copyto(out[s], half[s])
+    return out
+
+
+def sum_encoded(parts, wire, out=None):
+    """float32 sum of the rows of ``parts`` (k x c wire bits), in rank order.
+
+    Each row is decoded exactly and added in float32: no partial sum is
+    ever rounded to 16 bits.
+    """
+    parts = np.asarray(parts, dtype=np.uint16)
+    k, c = parts.shape
+    out = np.zeros(c, np.float32) if out is None else out
+    out[...] = 0
+    term = np.empty(min(c, BLOCK), np.float32)
+    for s in _blocks(c):
+        t = term[:s.stop - s.start]
+        for r in range(k):
+            decode(parts[r, s], wire, t)
+            out[s] += t
+    return out
+
+
+def nonfinite_count(w, wire):
+    """How many of the wire bits ``w`` are inf or nan."""
+    mask = np.uint16(_EXP_MASK[wire])
+    w = np.asarray(w, dtype=np.uint16).reshape(-1)
+    return int(sum(np.count_nonzero((w[s] & mask) == mask) for s in _blocks(w.size)))
+
+
+def chunk_counts(n, k):
+    """Sizes of the k chunks of an n-element bucket (the first n % k one longer)."""
+    base, extra = divmod(int(n), int(k))
+    return [base + (1 if r < extra else 0) for r in range(k)]
+
+
+def sum_error_bound(abs_sum, abs_result, k, wire, intermediate_roundings=0):
+    """Elementwise bound on |exchanged - exact sum| for one bucket element.
+
+    ``abs_sum``: sum over ranks of |x_r|; ``abs_result``: |exact sum|;
+    ``k`` ranks. Each input cast errs by at most u*|x_r| (+ half the
+    smallest subnormal), the float32 sum by (k-1) * 2**-24 * sum|x_r|, the
+    cast back by u*|result| (+ the same), and an allreduce whose partial
+    sums are re-rounded to 16 bits (``intermediate_roundings`` = k - 1 for
+    the reduction-operator method) by u*sum|x_r| per rounding.
+    """
+    u = unit_roundoff(wire)
+    tiny = _TINY[wire] / 2.0
+    abs_sum = np.asarray(abs_sum, dtype=np.float64)
+    abs_result = np.asarray(abs_result, dtype=np.float64)
+    # every term above to first order, with a 1% slack for second-order terms
+    bound = (u * (1 + intermediate_roundings) + (k - 1) * 2.0 ** -24) * abs_sum \
+        + u * abs_result + (k + 1 + intermediate_roundings) * tiny
+    return bound * 1.01
+
+
+def describe_overflow(name, wire, bad_result, bad_local, largest_local):
+    """The message of a :class:`WireOverflow`: where, what, and what to do."""
+    return ('bucket %s: %d value(s) of the exchanged sum are inf or nan on the %s wire '
+            '(largest finite %s: %.6g); this rank\'s own gradient had %d non-finite '
+            'value(s) after the cast (its largest |value| %.6g). Either a gradient is '
+            'beyond the %s range or training diverged; use --wire-dtype bfloat16 '
+            '(float32\'s range) or float32'
+            % (name, bad_result, wire, wire, max_finite(wire), bad_local, largest_local,
+               wire))
