@@ -521,8 +521,10 @@ def test_resume_with_options_that_change_the_trajectory_is_refused(finished_run,
     argv[argv.index('--batch-per-worker') + 1] = '4'
     r = cli(*(argv + ['--out', run, '--resume', '--data-seed', '2', '--epochs', '3']))
     assert r.returncode == 2, r.stderr
+    error = [ln for ln in r.stderr.splitlines() if 'error:' in ln]   # not the warnings
+    assert len(error) == 1, r.stderr
     assert '--batch-per-worker 4 (the checkpoint has 8); --data-seed 2 (the checkpoint has 0)' \
-        in r.stderr and '--epochs' not in r.stderr.split('only')[0], r.stderr
+        in error[0] and '--epochs' not in error[0].split('only')[0], r.stderr
 
 
 def test_bad_output_paths_are_refused_before_launch(tmp_path):

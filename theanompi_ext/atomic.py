@@ -378,11 +378,12 @@ def run_isolated(fn, path, what='the file'):
         _remove_new_temporaries(folder, base, before)
         if out['kind'] == 'bad':
             raise ValueError(out['error'])
+        error = _one_line(out['error'])
         if out['kind'] == 'os':
-            raise WriteError(None, out['error'] if path in out['error'] else
-                             '%s: could not write %s: %s' % (path, what, out['error']))
+            raise WriteError(None, error if path in error else
+                             '%s: could not write %s: %s' % (path, what, error))
         raise WriteError(None, '%s: could not write %s: %s: %s'
-                         % (path, what, out['type'], out['error']))
+                         % (path, what, out['type'], error))
     _remove_new_temporaries(folder, base, before)
     if os.WIFSIGNALED(wstatus):
         died = 'the writer crashed (%s)' % signal.Signals(os.WTERMSIG(wstatus)).name
@@ -409,6 +410,13 @@ def _read_both(a, b):
 
 
 _ERRMSG = re.compile(rb"error message = '([^']+)'")
+
+
+def _one_line(text):
+    """An exception's text as one line: the system error inside an HDF5 report
+    (which spans lines and names the temporary file), else the text itself."""
+    found = _ERRMSG.findall(text.encode('utf-8', 'replace'))
+    return found[-1].decode('utf-8', 'replace') if found else ' '.join(text.split())
 
 
 def _cause(stderr_bytes):
