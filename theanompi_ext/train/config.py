@@ -47,6 +47,8 @@ class TrainConfig(object):
     collective_timeout_s: float = 30.0   # a wait inside a step this long aborts (0: never)
     stall_warn_s: float = 10.0           # ... this long logs who has not arrived (0: never)
     check_replicas_every: int = 0        # steps between replica checks (0: off)
+    device: str = 'cpu'                  # cpu, cuda0, opencl0:0, or one per rank: cuda0,cuda1
+    exchange_path: str = 'auto'          # device buffers: auto, host-staged or nccl
     extra: dict = field(default_factory=dict)
 
     def validate(self):
@@ -112,6 +114,14 @@ class TrainConfig(object):
                 bad(name, 'must be a number of seconds >= 0 (0: off)')
         if not isinstance(self.check_replicas_every, int) or self.check_replicas_every < 0:
             bad('check_replicas_every', 'must be an integer >= 0 (0: off)')
+        from ..devices import parse_device_list
+        from .device_step import EXCHANGE_PATHS
+        try:
+            self.device = ','.join(parse_device_list(self.device))
+        except ValueError as exc:
+            bad('device', str(exc))
+        if self.exchange_path not in EXCHANGE_PATHS:
+            bad('exchange_path', 'choose from %s' % (EXCHANGE_PATHS,))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
         return self

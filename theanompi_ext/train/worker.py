@@ -27,10 +27,12 @@ def load_dataset(cfg):
 def run(cfg, comm=None, log=print):
     """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
     from ..collective import create_communicator
-    from ..model import build_model
-    from .trainer import Trainer
+    from ..devices import open_on_every_rank
     cfg.validate()
     comm = comm or create_communicator('auto')
+    open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
+    from ..model import build_model
+    from .trainer import Trainer
     data = load_dataset(cfg)
     net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,
                       **cfg.extra.get('model_kw', {}))
@@ -40,10 +42,10 @@ def run(cfg, comm=None, log=print):
         trainer.resume()
     if comm.rank == 0 and not cfg.quiet:
         log('%s: %s, %d params, %d workers x %d = batch %d, %d iters/epoch, '
-            'sync_type=%s exch_strategy=%s, %d buckets, setup %.1fs' % (
+            'sync_type=%s exch_strategy=%s, %d buckets, exchange %s, setup %.1fs' % (
                 cfg.model, comm.describe(), trainer.layout.total, comm.size,
                 cfg.batch_per_worker, trainer.total_batch, trainer.iters_per_epoch,
-                cfg.sync_type, cfg.exch_strategy, len(trainer.buckets),
+                cfg.sync_type, cfg.exch_strategy, len(trainer.buckets), trainer.exchange_path,
                 time.perf_counter() - t0))
     summary = trainer.train()
     if comm.rank == 0:
