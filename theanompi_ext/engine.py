@@ -76,9 +76,12 @@ def _configure_and_import():
     logging.getLogger('theano.gof.compilelock').setLevel(logging.WARNING)
     # A device that fails to open is our DeviceError below, not Theano's traceback.
     logging.getLogger('theano.gpuarray').setLevel(logging.CRITICAL)
-    if os.environ.get('POCL_CACHE_DIR') is None and _configured_device().startswith('opencl'):
+    if _configured_device().startswith('opencl'):
         # pocl compiles its kernels once per cache (~40 s for CLBlast's first call).
-        os.environ['POCL_CACHE_DIR'] = os.path.join(_cache_dir(), 'pocl')
+        os.environ.setdefault('POCL_CACHE_DIR', os.path.join(_cache_dir(), 'pocl'))
+        # pocl's CPU device: one thread per rank unless told (as for BLAS).
+        if os.environ.get('OMP_NUM_THREADS'):
+            os.environ.setdefault('POCL_MAX_PTHREAD_COUNT', os.environ['OMP_NUM_THREADS'])
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         import theano as _theano

@@ -23,12 +23,13 @@ def _cfg(args, out):
                        warmup_epochs=1, decay_epochs=(args.epochs - 1,),
                        momentum=0.9, weight_decay=1e-4, exchange_bn=True,
                        exch_strategy=args.exch_strategy, max_steps=args.steps,
-                       eval_every=10 ** 6, quiet=True, out=out,
+                       eval_every=10 ** 6, quiet=True, out=out, device=args.device,
                        extra={'train_subset': args.subset}).validate()
 
 
 def reference_params(cfg, workers):
-    """Parameters after single-process training on the kn batches (BN per n-group)."""
+    """Parameters after single-process training on the kn batches (BN per n-group),
+    on this process's engine (the CPU)."""
     from ..collective.local import LocalCommunicator
     from ..model import build_model
     from .trainer import Trainer
@@ -92,4 +93,7 @@ def register(sub):
     p.add_argument('--subset', type=int, default=256, help='training examples used')
     p.add_argument('--exch-strategy', default='ar', choices=['ar', 'ar-overlap'])
     p.add_argument('--timeout', type=float, default=600)
+    p.add_argument('--device', default='cpu',
+                   help='device of the K ranks (cpu, cuda0, opencl0:0, or one per rank: '
+                        'cuda0,cuda1); the one-process reference runs on the CPU')
     p.set_defaults(func=main)

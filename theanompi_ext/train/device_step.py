@@ -10,7 +10,7 @@ flat device vector the backward fills, an exchanger for device buckets
 """
 import numpy as np
 
-from ..devices import DeviceError
+from ..devices import DeviceError, DeviceErrorOnRanks
 
 # 'auto' picks the first that works on this device.
 EXCHANGE_PATHS = ('auto', 'host-staged', 'nccl')
@@ -54,7 +54,9 @@ def choose_exchange_path(requested, device):
     if why is None:
         return 'nccl'
     if requested == 'nccl':
-        raise DeviceError('exchange path nccl is not available on device %s: %s' % (device, why))
+        # every rank finds this the same way
+        raise DeviceErrorOnRanks('exchange path nccl is not available on device %s: %s'
+                                 % (device, why))
     return 'host-staged'
 
 

@@ -30,7 +30,10 @@ def run(cfg, comm=None, log=print):
     from ..devices import open_on_every_rank
     cfg.validate()
     comm = comm or create_communicator('auto')
-    open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
+    dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
+    if dev != 'cpu':
+        from .device_step import choose_exchange_path
+        choose_exchange_path(cfg.exchange_path, dev)    # NCCL asked for where it cannot run
     from ..model import build_model
     from .trainer import Trainer
     data = load_dataset(cfg)
