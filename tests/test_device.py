@@ -90,12 +90,13 @@ def _train(tmp_path, name, device, strategy, exchange_bn, timeline=False):
     args = TRAIN + ['--device', device, '--exch-strategy', strategy,
                     '--exchange-bn', str(exchange_bn).lower(), '--out', out,
                     '--checkpoint', 'false']
+    prefix = str(tmp_path / (name + '-timeline'))
     if timeline:
-        args += ['--timeline', os.path.join(out, 'timeline')]
+        args += ['--timeline', prefix]
     rc, log = cli(*args)
     assert rc == 0, log
     with np.load(os.path.join(out, 'params.npz')) as z:
-        return {k: z[k] for k in z.files}, log, out
+        return {k: z[k] for k in z.files}, log, prefix + '.json'
 
 
 # ar with BN exchanged is check-equivalence's setting (test_check_equivalence_on_device);
@@ -104,14 +105,14 @@ def _train(tmp_path, name, device, strategy, exchange_bn, timeline=False):
                                                   ('ar-overlap', True)])
 def test_two_ranks_on_device_match_cpu(opencl, tmp_path, strategy, exchange_bn):
     overlap = strategy == 'ar-overlap'
-    dev, log, out = _train(tmp_path, 'dev', opencl, strategy, exchange_bn, timeline=overlap)
+    dev, log, trace = _train(tmp_path, 'dev', opencl, strategy, exchange_bn, timeline=overlap)
     cpu, _, _ = _train(tmp_path, 'cpu', 'cpu', strategy, exchange_bn)
     assert 'exchange host-staged MPI on opencl0:0' in log     # the first log line names it
     assert sorted(dev) == sorted(cpu)
     for name in cpu:
         np.testing.assert_allclose(dev[name], cpu[name], rtol=1e-4, atol=1e-5, err_msg=name)
     if overlap:
-        check_overlapped_timeline(os.path.join(out, 'timeline.json'))
+        check_overlapped_timeline(trace)
 
 
 def check_overlapped_timeline(path):
