@@ -9,7 +9,7 @@ export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
 # One BLAS thread per rank: ranks, not threads, use the cores.
 export OMP_NUM_THREADS := 1
 export OPENBLAS_NUM_THREADS := 1
-# pocl (OpenCL on the CPU) compiles its kernels once into this cache.
+# pocl (OpenCL on the CPU) compiles its kernels once into this cache (a folder per rank).
 export POCL_CACHE_DIR := $(CURDIR)/.cache/pocl
 # The GPU path's system packages (docs/gpu.md); not needed for the CPU path.
 GPU_APT := python3-pygpu libgpuarray-dev pocl-opencl-icd

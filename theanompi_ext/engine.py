@@ -78,7 +78,11 @@ def _configure_and_import():
     logging.getLogger('theano.gpuarray').setLevel(logging.CRITICAL)
     if _configured_device().startswith('opencl'):
         # pocl compiles its kernels once per cache (~40 s for CLBlast's first call).
-        os.environ.setdefault('POCL_CACHE_DIR', os.path.join(_cache_dir(), 'pocl'))
+        # One folder per local rank: two ranks building the same kernel at once
+        # into one folder failed (clBuildProgram: Unknown error).
+        from .devices import local_rank
+        base = os.environ.get('POCL_CACHE_DIR') or os.path.join(_cache_dir(), 'pocl')
+        os.environ['POCL_CACHE_DIR'] = os.path.join(base, 'rank%d' % (local_rank() or 0))
         # pocl's CPU device: one thread per rank unless told (as for BLAS).
         if os.environ.get('OMP_NUM_THREADS'):
             os.environ.setdefault('POCL_MAX_PTHREAD_COUNT', os.environ['OMP_NUM_THREADS'])

@@ -43,7 +43,10 @@ def check_models_match(comm, layout):
 
 def compile_in_turn(comm, build):
     """Rank 0 compiles first; the others then find the shared cache warm
-    instead of queueing on its lock one by one."""
+    instead of queueing on its lock one by one. On a device every rank builds
+    at once: there the time goes into building device kernels per process."""
+    if on_device():
+        return build()
     if comm.rank == 0:
         out = build()
     comm.barrier()
