@@ -9,8 +9,12 @@ export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
 # One BLAS thread per rank: ranks, not threads, use the cores.
 export OMP_NUM_THREADS := 1
 export OPENBLAS_NUM_THREADS := 1
+# pocl (OpenCL on the CPU) compiles its kernels once into this cache (a folder per rank).
+export POCL_CACHE_DIR := $(CURDIR)/.cache/pocl
+# The GPU path's system packages (docs/gpu.md); not needed for the CPU path.
+GPU_APT := python3-pygpu libgpuarray-dev pocl-opencl-icd
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean gpu-deps
 
 install: $(STAMP)
 
@@ -28,6 +32,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# As root: Debian's pygpu/libgpuarray and pocl, linked into the venv.
+gpu-deps: install
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(GPU_APT)
+	$(PY) scripts/link_pygpu.py
 
 clean:
 	rm -rf $(VENV) .cache runs

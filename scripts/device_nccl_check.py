@@ -25,6 +25,15 @@ What it shows
      once. Overlap is proven when the concurrent wall time is below 0.9 x
      the sum of the two alone.
 
+  4. the trainer's layout: one flat float32 gradient buffer, buckets planned
+     as the trainer plans them (``buckets/plan.py``) and taken as views of
+     it at non-zero offsets; each bucket's pointer (``device_buffer``) is
+     the base plus its offset, an out-of-place avg of every bucket view
+     into a second flat buffer lands exactly where it belongs, and with one
+     chunk of compute per bucket (the comm stream waiting by an event for
+     the chunk that produced the bucket) the chunks and the bucket
+     allreduces overlap (concurrent < 0.9 x the sum of the two alone).
+
 Limits, stated in the report: with one rank, NCCL performs an in-place
 sum as nothing at all, so the timed operation is an *out-of-place*
 ``ncclAllReduce`` with ``ncclAvg`` on the communicator's stream, which
@@ -246,6 +255,73 @@ def overlap(rep, comm, cp, mb, size, target_ms, trials):
     rep.check(t_both < 0.9 * (t_ar + t_mm), 'overlap: concurrent time < 0.9 x sum of the two alone', detail)
 
 
+def flat_layout(rep, comm, cp, size, trials):
+    """Check 4: bucket views of one flat gradient buffer, as the trainer lays them out."""
+    from theanompi_ext.buckets.plan import plan_buckets
+    from theanompi_ext.collective.nccl import device_buffer
+    from theanompi_ext.collective.nccl_lib import NCCL_FLOAT32, NCCL_AVG
+    # A ResNet-like mix of tensor sizes (conv kernels, BN vectors, a classifier).
+    sizes = [640, 10] + [64] * 4 + [147456, 256, 256, 73728, 128, 128, 36864, 64, 64] * 3 \
+        + [1728]
+    buckets = plan_buckets(sizes, len(sizes), 0.5, 0.05)
+    total = sum(sizes)
+    src = cp.arange(total, dtype=cp.float32) % 997
+    dst = cp.zeros_like(src)
+    base, dbase = src.data.ptr, dst.data.ptr
+    ptr_ok = all(device_buffer(src[b.start:b.stop]).ptr == base + 4 * b.start for b in buckets)
+    rep.check(ptr_ok and len(buckets) > 1 and all(b.start > 0 for b in buckets[1:]),
+              'bucket views of a flat buffer at their offsets (pointer = base + 4 x start)',
+              '%d buckets over %d floats' % (len(buckets), total))
+    lib, stream = comm.lib, comm.stream
+
+    def ar(b):
+        n = b.stop - b.start
+        lib.all_reduce(device_buffer(src[b.start:b.stop]).ptr,
+                       device_buffer(dst[b.start:b.stop]).ptr, n, NCCL_FLOAT32, NCCL_AVG,
+                       comm.nccl_comm, stream.ptr)
+
+    for b in buckets:
+        ar(b)
+    stream.synchronize()
+    rep.check(bool(cp.array_equal(dst, src)), 'out-of-place avg of every bucket view lands at '
+              'its offset in a second flat buffer')
+    a = cp.random.rand(size, size, dtype=cp.float32)
+    c = cp.empty_like(a)
+    compute = cp.cuda.Stream(non_blocking=True)
+
+    def chunks(with_comm):
+        for b in buckets:          # one backward "chunk" per bucket, output side first
+            with compute:
+                cp.matmul(a, a, out=c)
+            if with_comm:
+                ev = cp.cuda.Event(disable_timing=True)
+                ev.record(compute)
+                stream.wait_event(ev)      # the comm stream waits for its chunk, not the host
+                ar(b)
+
+    def comm_only():
+        for b in buckets:
+            ar(b)
+
+    for f in (lambda: chunks(False), comm_only):
+        f()
+    reps = 20
+    rows = []
+    for _ in range(max(1, trials)):
+        rows.append((_time(cp, lambda: [chunks(False) for _ in range(reps)]),
+                     _time(cp, lambda: [comm_only() for _ in range(reps)]),
+                     _time(cp, lambda: [chunks(True) for _ in range(reps)])))
+    rows.sort(key=lambda r: r[2])
+    t_mm, t_ar, t_both = rows[len(rows) // 2]
+    rep.data.update(flat_layout=dict(buckets=len(buckets), floats=total, t_chunks_s=t_mm,
+                                     t_buckets_s=t_ar, t_both_s=t_both, trials=rows))
+    detail = ('%d x (%d chunks %.1f ms alone, %d bucket allreduces %.1f ms alone, '
+              'interleaved %.1f ms)' % (reps, len(buckets), t_mm * 1e3 / reps, len(buckets),
+                                        t_ar * 1e3 / reps, t_both * 1e3 / reps))
+    rep.check(t_both < 0.9 * (t_ar + t_mm), 'overlap on the flat layout: chunks + bucket '
+              'allreduces interleaved < 0.9 x the sum alone', detail)
+
+
 def main(argv=None):
     args = parse_args(argv)
     _timeout(args.timeout)
@@ -282,6 +358,7 @@ def main(argv=None):
         correctness(rep, comm, cp, 1 << 22)
         ordering(rep, comm, cp, min(args.matmul, 8192))
         overlap(rep, comm, cp, args.mb, args.matmul, args.target_ms, args.trials)
+        flat_layout(rep, comm, cp, min(args.matmul, 4096), args.trials)
     except Exception as exc:   # report what broke, then the exit status says FAIL
         import traceback
         traceback.print_exc()

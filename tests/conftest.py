@@ -38,3 +38,39 @@ def run_mpi(nprocs, script, *args, timeout=300, env=None):
 def mpirun():
     """The :func:`run_mpi` helper as a fixture."""
     return run_mpi
+
+
+# -- the OpenCL device (pygpu + pocl, `make gpu-deps`) ---------------------------
+os.environ.setdefault('POCL_CACHE_DIR', os.path.join(ROOT, '.cache', 'pocl'))
+OPENCL_DEVICE = 'opencl0:0'
+
+
+def opencl_unavailable():
+    """Why the OpenCL device cannot run here (None when it can), in a subprocess
+    so that this process's Theano stays on the CPU."""
+    code = '\n'.join([
+        'import sys',
+        'try:',
+        '    import pygpu',
+        'except ImportError as e:',
+        '    sys.exit("pygpu is not installed (" + str(e) + ")")',
+        'try:',
+        '    pygpu.init(sys.argv[1])',
+        'except Exception as e:',
+        '    sys.exit("pygpu cannot open " + sys.argv[1] + ": " + str(e))'])
+    res = subprocess.run([sys.executable, '-c', code, OPENCL_DEVICE], capture_output=True,
+                         text=True)
+    return None if res.returncode == 0 else (res.stderr.strip() or 'exit %d' % res.returncode)
+
+
+@pytest.fixture(scope='session')
+def opencl():
+    """The OpenCL device string; skips without pygpu/pocl (`make gpu-deps`), but
+    fails when the CI environment variable is set, so CI cannot skip silently."""
+    why = opencl_unavailable()
+    if why:
+        msg = 'OpenCL device tests need `make gpu-deps` (root): %s' % why
+        if os.environ.get('CI'):
+            pytest.fail(msg + ' [CI is set: not skipping]')
+        pytest.skip(msg)
+    return OPENCL_DEVICE

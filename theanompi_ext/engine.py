@@ -11,17 +11,24 @@ and no user has to set ``THEANO_FLAGS`` by hand:
 * ``base_compiledir``: ``$THEANOMPI_EXT_CACHE`` or ``~/.cache/theanompi_ext``
   instead of ``~/.theano``;
 * Python 3.11 cannot build the C extension of ``scan``
-  (``longintrepr.h`` is gone), so we make Theano fall back to Python scan.
+  (``longintrepr.h`` is gone), so we make Theano fall back to Python scan;
+* ``device``: the one :func:`theanompi_ext.devices.configure` chose
+  (``cpu`` by default); on a device also ``dnn.enabled=False`` (Theano
+  1.0.5 knows cuDNN only up to v7; convolutions use GpuCorrMM), and the
+  device must open: else :class:`~theanompi_ext.devices.DeviceError`
+  naming it and why.
 
 Flags the user did set in ``THEANO_FLAGS`` or in a ``.theanorc`` win over these
-defaults (:mod:`theanompi_ext.engine_flags`, which does this without importing
+defaults, except ``device``, which is the project's ``--device`` option
+(:mod:`theanompi_ext.engine_flags`, which does this without importing
 Theano, for the launching side).
 """
 import os
 import sys
 import warnings
 
-from .engine_flags import merged_flags as _merged_flags
+from .devices import DeviceError, configured as _configured_device
+from .engine_flags import cache_dir as _cache_dir, merged_flags as _merged_flags
 
 
 def _configure_and_import():
@@ -34,13 +41,54 @@ def _configure_and_import():
     logging.getLogger('theano.tensor.blas').setLevel(logging.ERROR)
     # Ranks sharing one compile cache wait on its lock; that is expected.
     logging.getLogger('theano.gof.compilelock').setLevel(logging.WARNING)
+    # A device that fails to open is our DeviceError below, not Theano's traceback.
+    logging.getLogger('theano.gpuarray').setLevel(logging.CRITICAL)
+    if _configured_device().startswith('opencl'):
+        # pocl compiles its kernels once per cache (~40 s for CLBlast's first call).
+        # One folder per local rank: two ranks building the same kernel at once
+        # into one folder failed (clBuildProgram: Unknown error).
+        from .devices import local_rank
+        base = os.environ.get('POCL_CACHE_DIR') or os.path.join(_cache_dir(), 'pocl')
+        os.environ['POCL_CACHE_DIR'] = os.path.join(base, 'rank%d' % (local_rank() or 0))
+        # pocl's CPU device: one thread per rank unless told (as for BLAS).
+        if os.environ.get('OMP_NUM_THREADS'):
+            os.environ.setdefault('POCL_MAX_PTHREAD_COUNT', os.environ['OMP_NUM_THREADS'])
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         import theano as _theano
         import theano.tensor as _T
         import theano.tensor.nnet  # noqa: F401  (conv2d, softmax)
         import theano.tensor.signal.pool  # noqa: F401
+    _check_device(_theano)
     return _theano, _T
+
+
+def _check_device(theano_module):
+    """Raise DeviceError unless Theano opened the configured device."""
+    dev = _configured_device()
+    if dev == 'cpu':
+        return
+    if getattr(theano_module, 'gpuarray', None) is not None and \
+            theano_module.gpuarray.pygpu_activated:
+        return
+    raise DeviceError('cannot open device %s: %s' % (dev, open_failure(dev)))
+
+
+def open_failure(dev):
+    """Why pygpu cannot open ``dev`` (a short sentence), or None if it can."""
+    try:
+        import pygpu
+    except ImportError as exc:
+        return ('pygpu is not installed (%s); `make gpu-deps` as root installs it '
+                '(docs/gpu.md)' % exc)
+    try:
+        pygpu.init(dev)
+    except Exception as exc:  # noqa: B902 - pygpu raises several types
+        msg = exc.args[0] if exc.args else exc
+        if isinstance(msg, bytes):
+            msg = msg.decode('utf-8', 'replace')
+        return '%s (%s)' % (msg, type(exc).__name__)
+    return None
 
 
 theano, T = _configure_and_import()
@@ -52,15 +100,79 @@ def version():
     return theano.__version__
 
 
-def function(inputs, outputs, updates=None, name=None, excluding=()):
+def device():
+    """The device Theano computes on (``cpu``, ``cuda0``, ``opencl0:0``...)."""
+    return _configured_device()
+
+
+def on_device():
+    """True when Theano computes on a GPU-backend device (not the host)."""
+    return device() != 'cpu'
+
+
+def function(inputs, outputs, updates=None, name=None, excluding=(),
+             device_inputs=(), device_outputs=()):
     """Compile a Theano function (thin wrapper so callers never import theano).
 
     ``excluding`` names graph optimisations (tags) to leave out of the
     default mode, e.g. ``('inplace_elemwise_optimizer',)``.
+
+    On a device, the float32 variables of ``inputs`` that are in
+    ``device_inputs`` take device arrays (an intermediate variable is cut
+    there, as a host input would be), and the float32 ``outputs`` in
+    ``device_outputs`` are returned as device arrays the caller borrows
+    (valid until the next call). On the host both are ignored.
     """
     mode = theano.compile.mode.get_default_mode().excluding(*excluding) if excluding else None
+    givens = None
+    if on_device() and (device_inputs or device_outputs):
+        inputs, givens = _device_inputs(inputs, device_inputs)
+        outputs = _device_outputs(outputs, device_outputs)
     return theano.function(inputs, outputs, updates=updates, name=name, mode=mode,
-                           allow_input_downcast=True, on_unused_input='ignore')
+                           givens=givens, allow_input_downcast=True, on_unused_input='ignore')
+
+
+def _on_device(v, chosen):
+    return any(v is c for c in chosen) and getattr(v, 'dtype', None) == 'float32'
+
+
+def _device_inputs(inputs, chosen):
+    from theano.gpuarray.type import GpuArrayType
+    from theano.gpuarray.basic_ops import host_from_gpu
+    new, givens = [], []
+    for v in inputs:
+        if _on_device(v, chosen):
+            d = GpuArrayType('float32', v.broadcastable)(v.name)
+            givens.append((v, host_from_gpu(d)))
+            new.append(d)
+        else:
+            new.append(v)
+    return new, givens
+
+
+def _device_outputs(outputs, chosen):
+    from theano.gpuarray.basic_ops import as_gpuarray_variable
+    return [theano.Out(as_gpuarray_variable(v, None), borrow=True) if _on_device(v, chosen)
+            else v for v in outputs]
+
+
+def device_context():
+    """The pygpu context of the device (None on the host)."""
+    if not on_device():
+        return None
+    from theano.gpuarray.type import get_context
+    return get_context(None)
+
+
+def device_zeros(size):
+    """A zero float32 vector of ``size`` on the device."""
+    import pygpu
+    return pygpu.gpuarray.zeros((int(size),), dtype='float32', context=device_context())
+
+
+def device_value(var):
+    """A shared variable's own storage (a device array on a device; no copy)."""
+    return var.get_value(borrow=True, return_internal_type=True)
 
 
 def shared(value, name=None, borrow=False):

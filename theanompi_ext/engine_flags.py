@@ -7,6 +7,10 @@ lowest first: our defaults, the user's ``.theanorc`` (the files named by
 ``$THEANORC``, else ``~/.theanorc`` and ``~/.theanorc.txt``), the user's
 ``THEANO_FLAGS``. A default is left out when the user's ``.theanorc``
 sets the same key, because Theano lets ``THEANO_FLAGS`` override it.
+``device`` is the exception: it is always the project's own
+(:func:`theanompi_ext.devices.configured`, ``cpu`` unless ``--device``
+chose one), so a Theano-MPI user's ``device=cuda0`` in a ``.theanorc``
+does not put the launching side, or a CPU run, on a GPU.
 """
 import configparser
 import contextlib
@@ -57,6 +61,17 @@ def merged_flags(user_flags, environ=None):
         if key not in flags:
             order.append(key)
         flags[key] = value
+    from .devices import configured
+    dev = configured()
+    if dev != 'cpu':
+        # Theano 1.0.5 knows cuDNN only up to v7: convolutions use GpuCorrMM
+        for key, value in (('dnn.enabled', 'False'), ('print_active_device', 'False')):
+            if key not in flags:
+                flags[key] = value
+                order.append(key)
+    if 'device' not in order:
+        order.append('device')
+    flags['device'] = dev
     return ','.join('%s=%s' % (k, flags[k]) for k in order)
 
 

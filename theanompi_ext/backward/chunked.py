@@ -217,6 +217,10 @@ class ChunkedBackward(object):
         anything with the attributes and ``feed`` of
         :class:`~theanompi_ext.backward.graph.TrainGraph`, e.g. a
         Theano-MPI model's :class:`~theanompi_ext.contract.ContractGraph`.
+    device_io
+        On a device: the carried values and the gradients stay device
+        arrays between the functions (``run`` then fills a device
+        ``grads_flat``); no host copy but the batch and two scalars.
 
     Attributes
     ----------
@@ -235,7 +239,7 @@ class ChunkedBackward(object):
     def __init__(self, net, params, loss_scale, bn_groups=1,
                  min_chunk_params=DEFAULT_MIN_CHUNK_PARAMS, max_chunks=None,
                  recompute_output=True, recompute_ops=CHEAP_OPS,
-                 excluding=DEFAULT_EXCLUDING, graph=None):
+                 excluding=DEFAULT_EXCLUDING, graph=None, device_io=False):
         self.graph = g = graph if graph is not None else TrainGraph(net, loss_scale, bn_groups)
         self.recompute_output = recompute_output
         self.recompute_ops = frozenset(recompute_ops)
@@ -299,16 +303,19 @@ class ChunkedBackward(object):
         slot = dict((v, i) for i, v in enumerate(g.inputs))
         slot.update((v, n_in + i) for i, v in enumerate(saved))
         self.n_saved = len(saved)
+        on_dev = saved if device_io else ()
         self.forward_fn = function(list(g.inputs), [g.loss_sum, g.err_sum] + saved,
                                    updates=g.stat_updates, name='forward',
-                                   excluding=self.excluding)
+                                   excluding=self.excluding, device_outputs=on_dev)
         self.chunks = []
         for c, (idx, h_in, g_out, grads, cuts, n_ready) in enumerate(built):
             first, stop = self.ranges[c]
             name = layer_names[first] if stop - first == 1 else \
                 '%s..%s' % (layer_names[first], layer_names[stop - 1])
             inputs = ([g_out] if g_out is not None else []) + cuts
-            fn = function(inputs, grads, name='backward:' + name, excluding=self.excluding)
+            fn = function(inputs, grads, name='backward:' + name, excluding=self.excluding,
+                          device_inputs=inputs if device_io else (),
+                          device_outputs=grads if device_io else ())
             self.chunks.append(_Chunk(name, fn, idx, [slot[v] for v in cuts],
                                       g_out is not None, h_in is not None, n_ready))
         # Drop each carried value after the last chunk that reads it, so the

@@ -88,6 +88,10 @@ def register(sub):
     p.add_argument('--mpi-env', action='append', default=[], metavar='KEY=VALUE',
                    help='extra environment variable for the ranks (e.g. an MPICH CVAR); '
                         'repeat for several')
+    p.add_argument('--device', default='cpu', metavar='DEV',
+                   help='device of the ranks: cpu, cuda0, opencl0:0, or one per rank '
+                        '(cuda0,cuda1); on a device the exchange is host-staged MPI '
+                        '(default %(default)s)')
     p.add_argument('--max-chunks', type=int, default=None, metavar='N',
                    help='merge the backward into at most this many chunks (default: one '
                         'per layer with parameters)')
@@ -133,6 +137,8 @@ def make_spec(args):
         raise ValueError('--workers must be >= 2 (there is nothing to exchange with one rank)')
     if args.steps < 1 or args.reps < 1:
         raise ValueError('--steps and --reps must be >= 1')
+    from ..devices import parse_device_list
+    device = ','.join(parse_device_list(args.device))
     nice, idle, poll_us = parse_comm_thread(args.comm_thread)
     quick = bool(args.quick)
     models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
@@ -142,7 +148,7 @@ def make_spec(args):
                 reps=2 if quick else args.reps, bucket_cap_mb=args.bucket_cap_mb,
                 first_bucket_cap_mb=args.first_bucket_cap_mb, thread_nice=nice,
                 thread_idle=idle, thread_poll_us=poll_us, comm_thread=args.comm_thread or 'default',
-                max_chunks=args.max_chunks, timeline=args.timeline)
+                max_chunks=args.max_chunks, timeline=args.timeline, device=device)
 
 
 def parse_comm_thread(text):
@@ -337,7 +343,9 @@ def synthetic_dataset(shape, n_examples, n_classes=10, seed=0):
 def compute_step(trainer, x, y, lr):
     """Forward + backward + update of ``trainer``, without any exchange."""
     trainer.backward.run(x, y, trainer.grads, trainer.layout)
-    trainer.rule.optimizer.step(trainer.params.values, trainer.grads, lr)
+    # reduced=True: the rule's update alone (a device rule reads no host values)
+    values = None if hasattr(trainer, 'device_grads') else trainer.params.values
+    trainer.rule.step(values, trainer.grads, lr, reduced=True)
     trainer.params.push()
 
 
@@ -360,15 +368,20 @@ def measure_model(comm, name, spec):
         trainers[strategy] = Trainer(net, data, TrainConfig(exch_strategy=strategy, **opts),
                                      comm, log=lambda *a, **kw: None)
     serial, overlap = trainers['ar'], trainers['ar-overlap']
+    on_device = hasattr(serial, 'device_grads')
     if spec.get('max_chunks'):
         from ..backward.chunked import ChunkedBackward
         from ..train.trainer import compile_in_turn
         overlap.backward = compile_in_turn(comm, lambda: ChunkedBackward(
             overlap.net, overlap.params.vars, 1.0 / overlap.total_batch,
-            max_chunks=spec['max_chunks']))
+            max_chunks=spec['max_chunks'], device_io=on_device))
     x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
     lr = np.float32(0.001)
-    zeros = np.zeros_like(serial.grads)
+    if on_device:
+        from ..engine import device_zeros
+        zeros = device_zeros(serial.layout.total)
+    else:
+        zeros = np.zeros_like(serial.grads)
     run = {
         'compute': lambda: compute_step(serial, x, y, lr),
         'compute_chunked': lambda: compute_step(overlap, x, y, lr),
@@ -394,8 +407,11 @@ def measure_model(comm, name, spec):
             cpu[mode][0] += time.process_time() - c0
             cpu[mode][1] += time.perf_counter() - w0
     grads = overlap.grads
-    extra = sum(h.buf.nbytes for h in overlap.exchanger.last_handles
-                if not np.shares_memory(h.buf, grads))
+    if on_device:    # the host staging buffer
+        extra = overlap.exchanger.host.nbytes
+    else:
+        extra = sum(h.buf.nbytes for h in overlap.exchanger.last_handles
+                    if not np.shares_memory(h.buf, grads))
     mine = dict((m + '_s', float(np.median(times[m]))) for m in MODES)
     mine['exposed_comm_rank_s'] = float(np.median(overlap.timeline.exposed_comm()))
     mine.update(('cpu_per_wall_' + m, cpu[m][0] / max(cpu[m][1], 1e-9)) for m in MODES)
@@ -444,6 +460,8 @@ def _measure_all(spec):
         comm = watch(comm)
     except ImportError:
         pass
+    from ..devices import open_on_every_rank
+    open_on_every_rank(spec.get('device', 'cpu'), comm)
     rows = [measure_model(comm, name, spec) for name in spec['models']]
     if comm.rank == 0:
         with open(spec['out'], 'w') as f:

@@ -18,7 +18,8 @@ makes the *current* stream wait on ``done`` (host stays free) or, with
 
 Buffers
     Device arrays by contract, not by type: a CuPy ``ndarray`` (``.data.ptr``),
-    a pygpu ``GpuArray`` (``.gpudata`` + ``.offset``, pygpu >= 0.7), or any
+    a pygpu ``GpuArray`` on a CUDA context (``.gpudata``: since pygpu 0.6.9
+    the address of the view itself, ``.offset`` already included), or any
     object with ``__cuda_array_interface__``. They must be float32 and
     C-contiguous. A numpy array is refused with a ``TypeError`` (host memory
     belongs to the ``mpi`` backend).
@@ -115,10 +116,25 @@ def _pygpu_contiguous(obj):
         return bool(flags['C_CONTIGUOUS'])   # pygpu < 0.7 returned a dict
 
 
+def _pygpu_kind(obj):
+    """The context kind (``'cuda'``, ``'opencl'``) of a pygpu array, else None.
+
+    Asked before ``.gpudata``, which raises TypeError on an OpenCL array.
+    """
+    kind = getattr(getattr(obj, 'context', None), 'kind', None)
+    if isinstance(kind, bytes):
+        kind = kind.decode('ascii', 'replace')
+    return kind
+
+
 def is_device_array(obj):
-    """True when ``obj`` looks like a GPU array this layer can address."""
+    """True when ``obj`` looks like a GPU array this layer can address
+    (a pygpu array on an OpenCL context is not: NCCL needs CUDA)."""
     if obj is None or isinstance(obj, np.ndarray):
         return False
+    kind = _pygpu_kind(obj)
+    if kind is not None:
+        return kind == 'cuda'
     if hasattr(obj, 'gpudata'):
         return True
     data = getattr(obj, 'data', None)
@@ -131,24 +147,25 @@ def device_buffer(obj):
     """Describe a device array as a :class:`DeviceBuffer`.
 
     The pointer comes, by documented contract and in this order, from
-    ``.gpudata`` (+ ``.offset``; pygpu GpuArray), ``.data.ptr`` (CuPy
-    ndarray) or ``__cuda_array_interface__``. Raises ``TypeError`` naming
-    the type for anything else, e.g. a numpy array (host memory).
+    ``.gpudata`` (pygpu GpuArray on CUDA; the offset of a view is already
+    in it), ``.data.ptr`` (CuPy ndarray) or ``__cuda_array_interface__``.
+    Raises ``TypeError`` naming the type for anything else, e.g. a numpy
+    array (host memory) or a pygpu array on an OpenCL context.
     """
     if isinstance(obj, np.ndarray):
         raise TypeError('NCCL allreduce needs a device array (CuPy ndarray, pygpu '
                         'GpuArray or an object with __cuda_array_interface__), got '
                         'numpy.ndarray in host memory; use the "mpi" backend for '
                         'host buffers')
-    if hasattr(obj, 'gpudata'):
-        # pygpu >= 0.7: gpudata is the CUdeviceptr of the allocation; views
-        # start at .offset bytes into it.
-        ctx = getattr(obj, 'context', None)
-        kind = getattr(ctx, 'kind', None)
-        if kind is not None and kind not in (b'cuda', 'cuda'):
-            raise TypeError('pygpu array lives on a %r context; NCCL needs CUDA' % (kind,))
-        ptr = int(obj.gpudata) + int(getattr(obj, 'offset', 0) or 0)
-        return DeviceBuffer(ptr, obj.size, obj.dtype, _pygpu_contiguous(obj), 'pygpu')
+    kind = _pygpu_kind(obj)
+    if kind is not None or hasattr(obj, 'gpudata'):
+        if kind is not None and kind != 'cuda':
+            raise TypeError('pygpu array lives on an %s context; NCCL needs CUDA (use the '
+                            'host-staged MPI path for it)' % kind)
+        # pygpu >= 0.6.9: gpudata is the address of the view (base + offset);
+        # adding .offset again would point past it for every view but the first.
+        return DeviceBuffer(int(obj.gpudata), obj.size, obj.dtype, _pygpu_contiguous(obj),
+                            'pygpu')
     data = getattr(obj, 'data', None)
     if data is not None and isinstance(getattr(data, 'ptr', None), int):
         dev = getattr(obj, 'device', None)

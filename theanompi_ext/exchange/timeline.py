@@ -38,6 +38,10 @@ wants integers) named by ``"ph": "M"`` ``thread_name`` metadata events:
     between the main thread starting the bucket and the transfer
     beginning). Each lies inside its step's ``step <i>`` interval.
 
+``tid 2 "copy"`` (host-staged device exchange only)
+    ``d2h bucket<b>`` (a ready bucket copied from the device gradient to
+    the host buffer, between backward chunks) and ``h2d bucket<b>`` (its
+    sum written back, before the update); ``args`` carries ``bytes``.
 ``otherData`` has per-step ``exposed_comm_us`` per rank and the median,
 and ``job_exposed_comm_us`` (:func:`job_exposed_comm`: the job's wait after
 the last rank's backward pass, which leaves out ranks waiting for each
@@ -56,8 +60,8 @@ import json
 
 import numpy as np
 
-COMPUTE_TID, COMM_TID = 0, 1
-LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm'}
+COMPUTE_TID, COMM_TID, COPY_TID = 0, 1, 2
+LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm', COPY_TID: 'copy'}
 
 
 def chunk_grad_sizes(chunk_params, layout, n_exch_params):
@@ -80,8 +84,9 @@ def chunk_grad_sizes(chunk_params, layout, n_exch_params):
 class StepRecord(object):
     """The stamps of one iteration (seconds, ``perf_counter``)."""
 
-    def __init__(self, iteration, t_begin, t_end, compute, phases, comm):
+    def __init__(self, iteration, t_begin, t_end, compute, phases, comm, copies=()):
         self.iteration = iteration
+        self.copies = list(copies)   # [(name, t0, t1, nbytes)] device <-> host copies
         self.t_begin, self.t_end = t_begin, t_end
         self.compute = compute   # [(name, t0, t1)] forward and backward chunks
         self.phases = phases     # [(name, t0, t1)] stats / wait / update
@@ -115,13 +120,14 @@ class Timeline(object):
         # set by the trainer, written into the trace.
         self.chunk_grads = {}
 
-    def record_step(self, iteration, t_begin, t_end, compute, phases, handles):
+    def record_step(self, iteration, t_begin, t_end, compute, phases, handles, copies=()):
         """Add one iteration.
 
         ``compute``: ``[(name, t0, t1)]`` of the forward/backward pieces;
         ``phases``: ``[(name, t0, t1)]`` of the rest of the step;
         ``handles``: the step's :class:`~theanompi_ext.collective.base.Handle`
-        objects (finished).
+        objects (finished); ``copies``: ``[(name, t0, t1, nbytes)]`` of the
+        host-staged exchange's device/host copies.
         """
         if len(self.steps) >= self.max_steps:
             return
@@ -129,9 +135,10 @@ class Timeline(object):
                  else h.t_queued, h.t_end, int(getattr(h.buf, 'nbytes', 0)))
                 for h in handles]
         self.steps.append(StepRecord(iteration, t_begin, t_end, list(compute),
-                                     list(phases), comm))
+                                     list(phases), comm, copies))
 
-    def record_train_step(self, iteration, stamps, backward_times, handles, overlapped):
+    def record_train_step(self, iteration, stamps, backward_times, handles, overlapped,
+                          copies=()):
         """Add one :meth:`Trainer.step <theanompi_ext.train.trainer.Trainer.step>`.
 
         ``stamps`` = (begin, backward done, stats done, wait done, end);
@@ -144,7 +151,7 @@ class Timeline(object):
         if overlapped:
             phases.append(('wait', t_stats, t_wait))
         phases.append(('update', t_wait, t_end))
-        self.record_step(iteration, t_begin, t_end, compute, phases, handles)
+        self.record_step(iteration, t_begin, t_end, compute, phases, handles, copies)
 
     def exposed_comm(self):
         """Per-step exposed communication (seconds)."""
@@ -162,6 +169,8 @@ class Timeline(object):
             for name, tq, t0, t1, nbytes in s.comm:
                 ev.append(_x(name, self.rank, COMM_TID, t0, t1, bytes=nbytes,
                              queued_us=1e6 * (t0 - tq), step=s.iteration))
+            for name, t0, t1, nbytes in s.copies:
+                ev.append(_x(name, self.rank, COPY_TID, t0, t1, bytes=nbytes, step=s.iteration))
         return ev
 
     def step_marks(self):

@@ -47,12 +47,13 @@ def _cfg(args, out):
                        momentum=MOMENTUM, weight_decay=1e-4, exchange_bn=True,
                        wire_dtype=args.wire_dtype,
                        exch_strategy=args.exch_strategy, max_steps=args.steps,
-                       eval_every=10 ** 6, quiet=True, out=out,
+                       eval_every=10 ** 6, quiet=True, out=out, device=args.device,
                        extra={'train_subset': args.subset}).validate()
 
 
 def reference_params(cfg, workers):
-    """Parameters after single-process training on the kn batches (BN per n-group)."""
+    """Parameters after single-process training on the kn batches (BN per n-group),
+    on this process's engine (the CPU)."""
     from ..collective.local import LocalCommunicator
     from ..model import build_model
     from .trainer import Trainer
@@ -143,4 +144,8 @@ def register(sub):
     p.add_argument('--timeout', type=float, default=600, metavar='S',
                    help='the distributed run is stopped after this many seconds '
                         '(default %(default)s)')
+    p.add_argument('--device', default='cpu', metavar='DEV',
+                   help='device of the K ranks (cpu, cuda0, opencl0:0, or one per rank: '
+                        'cuda0,cuda1); the one-process reference runs on the CPU (default '
+                        '%(default)s)')
     p.set_defaults(func=main)

@@ -52,6 +52,8 @@ class TrainConfig(object):
     stall_warn_s: float = 10.0           # ... this long logs who has not arrived (0: never)
     check_replicas_every: int = 0        # steps between replica checks (0: off)
     write_timeout_s: float = 300.0       # a checkpoint/output write this long aborts (0: never)
+    device: str = 'cpu'                  # cpu, cuda0, opencl0:0, or one per rank: cuda0,cuda1
+    exchange_path: str = 'auto'          # device buffers: auto, host-staged or nccl
     extra: dict = field(default_factory=dict)
 
     def validate(self):
@@ -125,6 +127,14 @@ class TrainConfig(object):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 bad(name, 'must be an integer >= 0 (0: %s)'
                     % ('off' if name == 'check_replicas_every' else 'automatic'))
+        from ..devices import parse_device_list
+        from .device_step import EXCHANGE_PATHS
+        try:
+            self.device = ','.join(parse_device_list(self.device))
+        except ValueError as exc:
+            bad('device', str(exc))
+        if self.exchange_path not in EXCHANGE_PATHS:
+            bad('exchange_path', 'choose from %s' % (EXCHANGE_PATHS,))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
         if self.resume and self.overwrite:

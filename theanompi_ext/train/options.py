@@ -53,6 +53,12 @@ HELP = {
                      'during the backward',
     'exchange_bn': 'also exchange the BN gamma/beta, true or false (default: each worker '
                    'keeps its own, as in the paper)',
+    'device': "where each rank computes: cpu, a GPU as Theano-MPI names it (cuda0, "
+              "cuda1, ...), OpenCL's opencl0:0, or one per rank (cuda0,cuda1: rank r takes "
+              "entry r, or its local rank's); a device needs `make gpu-deps` (docs/gpu.md)",
+    'exchange_path': 'how device buffers are exchanged, one of %(choices)s: auto picks '
+                     'what works, host-staged copies each ready bucket to the host for '
+                     'MPI, nccl is refused with the reason (not built yet)',
     'bucket_cap_mb': 'size cap of one allreduce bucket, MB',
     'wire_dtype': 'what the gradient buckets travel as, one of %(choices)s: 16 bits halve '
                   'the bytes, the sum stays float32 (kn only; inf/nan after the cast stops '
@@ -86,13 +92,13 @@ HELP = {
 
 GROUPS = (
     ('model and data', ('model', 'data', 'crop', 'scale_min', 'batch_per_worker', 'seed',
-                        'data_seed')),
+                        'data_seed', 'device')),
     ("the paper's recipe (Goyal et al. 2017; defaults are its ImageNet ones)",
      ('epochs', 'max_steps', 'base_lr', 'ref_batch', 'warmup', 'warmup_epochs',
       'decay_epochs', 'decay_factor', 'momentum', 'momentum_form', 'nesterov',
       'weight_decay')),
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
-                  'first_bucket_cap_mb', 'wire_dtype')),
+                  'first_bucket_cap_mb', 'wire_dtype', 'exchange_path')),
     ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
@@ -104,7 +110,7 @@ GROUPS = (
 METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline': 'PREFIX',
             'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
             'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
-            'write_timeout_s': 'S',
+            'write_timeout_s': 'S', 'device': 'DEV',
             'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
             'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
             'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}
@@ -138,9 +144,10 @@ def _choices():
     from ..update.momentum import FORMS
     from ..update.schedule import WARMUPS
     from .config import EXCH_STRATEGIES, WIRE_DTYPES
+    from .device_step import EXCHANGE_PATHS
     return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
-            'wire_dtype': WIRE_DTYPES}
+            'wire_dtype': WIRE_DTYPES, 'exchange_path': EXCHANGE_PATHS}
 
 
 def _parse_bool(s):

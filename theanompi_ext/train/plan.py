@@ -162,7 +162,8 @@ def plan_of_trainer(trainer):
     _, _, layers = _model_facts(trainer.net, cfg.exchange_bn)
     workers = trainer.total_batch // cfg.batch_per_worker
     plan = make_plan(cfg, workers, len(trainer.data.y_train), list(trainer.layout.sizes),
-                     trainer.n_exch_params, layers, path=trainer.comm.describe())
+                     trainer.n_exch_params, layers,
+                     path='%s, exchange %s' % (trainer.comm.describe(), trainer.exchange_path))
     # what was built, where the plan only predicted it
     plan.chunks = getattr(trainer.backward, 'n_chunks', plan.chunks)
     if plan.buckets:

@@ -17,6 +17,7 @@ from ..exchange.rules import make_rule
 from ..update.schedule import Schedule
 from ..data import shards
 from ..collective.watchdog import watch
+from ..engine import on_device
 from . import faults, replicas
 
 
@@ -43,7 +44,10 @@ def check_models_match(comm, layout):
 
 def compile_in_turn(comm, build):
     """Rank 0 compiles first; the others then find the shared cache warm
-    instead of queueing on its lock one by one."""
+    instead of queueing on its lock one by one. On a device every rank builds
+    at once: there the time goes into building device kernels per process."""
+    if on_device():
+        return build()
     if comm.rank == 0:
         out = build()
     comm.barrier()
@@ -93,6 +97,10 @@ class Trainer(object):
                                         wire=cfg.wire_dtype)
         self.rule = make_rule(cfg.sync_type, comm, self.layout, n_exch_params,
                               self.params.tags, self.exchanger, cfg)
+        self.exchange_path = 'host MPI'
+        if on_device():
+            from .device_step import install      # device buffers, same interfaces
+            install(self, cfg.exchange_path)
         self.iters_per_epoch = shards.iterations_per_epoch(len(dataset.y_train), k * bn_groups, n)
         self.schedule = Schedule(cfg.base_lr, self.total_batch, self.iters_per_epoch, cfg.epochs,
                                  cfg.ref_batch, cfg.warmup, cfg.warmup_epochs, cfg.decay_epochs,
@@ -120,8 +128,10 @@ class Trainer(object):
         scale = 1.0 / self.total_batch
         if self.cfg.exch_strategy == 'ar-overlap':
             from ..backward.chunked import ChunkedBackward
-            return ChunkedBackward(self.net, self.params.vars, scale, bn_groups)
-        return MonolithicBackward(self.net, self.params.vars, scale, bn_groups)
+            return ChunkedBackward(self.net, self.params.vars, scale, bn_groups,
+                                   device_io=on_device())
+        return MonolithicBackward(self.net, self.params.vars, scale, bn_groups,
+                                  device_io=on_device())
 
     # -- one step ---------------------------------------------------------------
     def batch_indices(self, perm, it_in_epoch):
@@ -159,7 +169,8 @@ class Trainer(object):
         if self.timeline is not None:
             self.timeline.record_train_step(
                 self.iteration, (t_begin, t_backward, t_stats, t_wait, clock()),
-                getattr(self.backward, 'times', None), self.exchanger.last_handles, overlapped)
+                getattr(self.backward, 'times', None), self.exchanger.last_handles, overlapped,
+                copies=getattr(self.exchanger, 'copies', ()))
         self.comm.disarm()
         self.iteration += 1
         return self._stats[0] / self._stats[2], self._stats[1] / self._stats[2], lr

@@ -30,8 +30,13 @@ def load_dataset(cfg):
 def run(cfg, comm=None, log=print):
     """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
     from ..collective import create_communicator
+    from ..devices import open_on_every_rank
     cfg.validate()
     comm = comm or create_communicator('auto')
+    dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
+    if dev != 'cpu':
+        from .device_step import choose_exchange_path
+        choose_exchange_path(cfg.exchange_path, dev)    # NCCL asked for where it cannot run
     lock = prepare_outputs(cfg, comm)
     try:
         return _run(cfg, comm, log, t0=time.perf_counter())

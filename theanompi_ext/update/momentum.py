@@ -56,6 +56,26 @@ def step_eq10(w, v, gd, lr, lr_prev, m, correction=True, nesterov=False, scratch
         w -= v
 
 
+def check_options(form, momentum, decay):
+    """Validate the options of an optimizer; returns the decay as float32."""
+    if form not in FORMS:
+        raise ValueError('unknown momentum form %r; choose from %s' % (form, FORMS))
+    if not 0 <= momentum < 1:
+        raise ValueError('momentum must be in [0, 1), got %r' % (momentum,))
+    dv = np.asarray(decay, np.float32)
+    if np.any(dv < 0) or not np.all(np.isfinite(dv)):
+        raise ValueError('weight decay must be finite and >= 0')
+    return dv
+
+
+def momentum_scale(form, momentum, lr, lr_prev):
+    """The factor the velocity is multiplied by: m, or m*lr/lr_prev for eq. (10)
+    with momentum correction (after the first step)."""
+    if form == 'eq10' and lr_prev:
+        return momentum * (lr / lr_prev)
+    return momentum
+
+
 class Optimizer(object):
     """Momentum SGD with named state, for flat parameter vectors.
 
@@ -74,13 +94,7 @@ class Optimizer(object):
     """
 
     def __init__(self, size, momentum=0.9, form='eq9', nesterov=False, decay=0.0):
-        if form not in FORMS:
-            raise ValueError('unknown momentum form %r; choose from %s' % (form, FORMS))
-        if not 0 <= momentum < 1:
-            raise ValueError('momentum must be in [0, 1), got %r' % (momentum,))
-        dv = np.asarray(decay, np.float32)
-        if np.any(dv < 0) or not np.all(np.isfinite(dv)):
-            raise ValueError('weight decay must be finite and >= 0')
+        dv = check_options(form, momentum, decay)
         self.form = form
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)

@@ -1,0 +1,143 @@
+"""The device option and GPU-resident training, on the OpenCL device (pocl).
+
+Tests that need pygpu + pocl take the ``opencl`` fixture: they skip without
+them (`make gpu-deps` installs them, as root) and fail instead when the CI
+environment variable is set.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import MPI_DIR, ROOT
+from theanompi_ext.devices import DeviceError, device_for_rank, parse_device, parse_device_list
+from theanompi_ext.train.config import TrainConfig
+
+CLI = [sys.executable, '-m', 'theanompi_ext.cli']
+TRAIN = ['train', '--workers', '2', '--model', 'digits_cnn', '--epochs', '2',
+         '--warmup-epochs', '1', '--batch-per-worker', '16', '--base-lr', '0.05',
+         '--ref-batch', '32', '--max-steps', '3']
+
+
+def cli(*args, timeout=900):
+    res = subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True,
+                         timeout=timeout, cwd=ROOT)
+    return res.returncode, res.stdout + res.stderr
+
+
+# -- device strings (no device needed) -------------------------------------------
+
+def test_device_strings():
+    assert parse_device('cuda1') == 'cuda1' and parse_device('OpenCL0:0') == 'opencl0:0'
+    assert parse_device('cpu3') == 'cpu'
+    assert parse_device_list('cuda0, cuda1') == ['cuda0', 'cuda1']
+    for bad in ('gpu0', 'cuda', 'opencl0', 'cuda0;cuda1', ''):
+        if bad == 'cuda':
+            continue            # Theano's 'cuda' (the default CUDA device) is valid
+        with pytest.raises(DeviceError):
+            parse_device_list(bad) if bad in ('', 'cuda0;cuda1') else parse_device(bad)
+    # rank r takes entry r, or its local rank's entry on several hosts
+    assert device_for_rank('cuda0,cuda1', 1) == 'cuda1'
+    assert device_for_rank('cuda0,cuda1', 3, local=1) == 'cuda1'
+    assert device_for_rank('opencl0:0', 5) == 'opencl0:0'
+    with pytest.raises(DeviceError, match='rank 2 has no device: the list cuda0,cuda1'):
+        device_for_rank(['cuda0', 'cuda1'], 2)
+    with pytest.raises(ValueError, match="invalid option device='gpu0': unknown device"):
+        TrainConfig(device='gpu0').validate()
+    with pytest.raises(ValueError, match='exchange_path'):
+        TrainConfig(exchange_path='carrier-pigeon').validate()
+
+
+def test_unknown_device_is_refused_before_launch():
+    rc, out = cli(*(TRAIN + ['--device', 'gpu7']))
+    assert rc == 2, out
+    assert "unknown device 'gpu7'" in out
+
+
+def test_device_that_cannot_be_opened_stops_every_rank():
+    # opencl0:9 does not exist here (pocl has one device); without pygpu the
+    # reason is that pygpu is missing. Either way: named, on both ranks, exit 2.
+    rc, out = cli(*(TRAIN + ['--device', 'opencl0:9']), timeout=300)
+    assert rc == 2, out
+    assert 'cannot open device opencl0:9' in out
+    for r in (0, 1):
+        assert 'rank %d of 2 failed: DeviceErrorOnRanks' % r in out, out
+
+
+# -- on the OpenCL device -------------------------------------------------------
+
+def test_nccl_requested_where_unavailable(opencl):
+    rc, out = cli(*(TRAIN + ['--device', opencl, '--exchange-path', 'nccl']), timeout=300)
+    assert rc == 2, out
+    assert 'exchange path nccl is not available on device opencl0:0: NCCL needs a CUDA device' \
+        in out
+
+
+def test_device_update_views_and_nccl_answers(opencl):
+    """Device update == numpy for every momentum form; buckets are views at their
+    offsets; the NCCL layer answers for OpenCL arrays (tests/mpi/device_unit.py)."""
+    res = subprocess.run([sys.executable, os.path.join(MPI_DIR, 'device_unit.py'), opencl],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ['OK', 'update', 'OK', 'views', 'OK', 'nccl']
+
+
+def _train(tmp_path, name, device, strategy, exchange_bn, timeline=False):
+    out = str(tmp_path / name)
+    args = TRAIN + ['--device', device, '--exch-strategy', strategy,
+                    '--exchange-bn', str(exchange_bn).lower(), '--out', out,
+                    '--checkpoint', 'false']
+    prefix = str(tmp_path / (name + '-timeline'))
+    if timeline:
+        args += ['--timeline', prefix]
+    rc, log = cli(*args)
+    assert rc == 0, log
+    with np.load(os.path.join(out, 'params.npz')) as z:
+        return {k: z[k] for k in z.files}, log, prefix + '.json'
+
+
+# ar with BN exchanged is check-equivalence's setting (test_check_equivalence_on_device);
+# each device run costs ~2 min of pocl kernel builds, so it is not repeated here.
+@pytest.mark.parametrize('strategy,exchange_bn', [('ar', False), ('ar-overlap', False),
+                                                  ('ar-overlap', True)])
+def test_two_ranks_on_device_match_cpu(opencl, tmp_path, strategy, exchange_bn):
+    overlap = strategy == 'ar-overlap'
+    dev, log, trace = _train(tmp_path, 'dev', opencl, strategy, exchange_bn, timeline=overlap)
+    cpu, _, _ = _train(tmp_path, 'cpu', 'cpu', strategy, exchange_bn)
+    assert 'exchange host-staged MPI on opencl0:0' in log     # the first log line names it
+    assert sorted(dev) == sorted(cpu)
+    for name in cpu:
+        np.testing.assert_allclose(dev[name], cpu[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    if overlap:
+        check_overlapped_timeline(trace)
+
+
+def check_overlapped_timeline(path):
+    """Bucket transfers start before the step's last backward chunk ends; copies shown."""
+    from theanompi_ext.exchange import timeline as tl
+    with open(path) as f:
+        trace = json.load(f)
+    ev = [e for e in trace['traceEvents'] if e.get('ph') == 'X' and e['pid'] == 0]
+    steps = [e for e in ev if e['name'].startswith('step ')]
+    assert len(steps) == 3
+    early = 0
+    for s in steps:
+        inside = [e for e in ev if s['ts'] <= e['ts'] <= s['ts'] + s['dur']]
+        chunks = [e for e in inside if e['name'].startswith('backward:')]
+        last_end = max(e['ts'] + e['dur'] for e in chunks)
+        buckets = [e for e in inside if e['tid'] == tl.COMM_TID]
+        copies = [e for e in inside if e['tid'] == tl.COPY_TID]
+        assert len(buckets) >= 2 and len(copies) == 2 * len(buckets)
+        assert {e['name'].split()[0] for e in copies} == {'d2h', 'h2d'}
+        early += min(e['ts'] for e in buckets) < last_end
+    assert early == len(steps)
+
+
+def test_check_equivalence_on_device(opencl):
+    rc, out = cli('check-equivalence', '--device', opencl, '--workers', '2', '--steps', '4',
+                  '--subset', '128')
+    assert rc == 0, out
+    assert 'check-equivalence: PASS' in out

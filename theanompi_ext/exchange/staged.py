@@ -1,0 +1,56 @@
+"""The kn-sum of device gradient buckets through host buffers (host-staged MPI).
+
+For device gradients where NCCL is not there (OpenCL, a GPU without NCCL):
+when a bucket's gradients are final, its slice of the flat device gradient
+is copied into the matching slice of one host buffer and handed to the
+communicator's MPI thread; while that thread moves it, the training thread
+runs the next backward chunk and copies the next buckets. :meth:`finish`
+waits for each bucket in turn and writes its sum back into the device
+slice, before the update. Each copy is recorded (``copies``) for the
+timeline's ``copy`` lane.
+"""
+import time
+
+import numpy as np
+
+from .knsum import KnSumExchanger
+
+
+class HostStagedExchanger(KnSumExchanger):
+    """:class:`~theanompi_ext.exchange.knsum.KnSumExchanger` for a flat device
+    gradient (a pygpu array). The BN-local tail is not touched here: the
+    device update scales it (``update/device.py``)."""
+
+    path = 'host-staged MPI'
+
+    def __init__(self, comm, buckets, n_exchanged_entries):
+        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries, local_scale=1)
+        self.host = np.zeros(n_exchanged_entries, np.float32)
+        self._copies = []
+        self.copies = []     # the last finished step's (name, t0, t1, nbytes)
+
+    def _copy(self, name, fn, nbytes):
+        t0 = time.perf_counter()
+        fn()
+        self._copies.append((name, t0, time.perf_counter(), nbytes))
+
+    def start(self, bucket, grads):
+        """Copy bucket ``bucket`` to the host and start its allreduce there."""
+        b = self.buckets[bucket]
+        host = self.host[b.start:b.stop]
+        self._copy('d2h bucket%d' % b.index, lambda: grads[b.start:b.stop].read(host),
+                   host.nbytes)
+        self._handles.append(self.comm.start_allreduce(host, name='bucket%d' % b.index))
+
+    def finish(self, grads):
+        """Wait for each started bucket and write its sum back to the device."""
+        handles, self._handles = self._handles, []
+        self._next = 0
+        self.last_handles = handles
+        for h, b in zip(handles, self.buckets):
+            h.wait()
+            host = self.host[b.start:b.stop]
+            self._copy('h2d bucket%d' % b.index, lambda: grads[b.start:b.stop].write(host),
+                       host.nbytes)
+        self.copies, self._copies = self._copies, []
+        return handles
