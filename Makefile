@@ -12,7 +12,10 @@ export OPENBLAS_NUM_THREADS := 1
 # pocl (OpenCL on the CPU) compiles its kernels once into this cache (a folder per rank).
 export POCL_CACHE_DIR := $(CURDIR)/.cache/pocl
 # The GPU path's system packages (docs/gpu.md); not needed for the CPU path.
-GPU_APT := python3-pygpu libgpuarray-dev pocl-opencl-icd
+# Pinned to the Debian 12 versions measured to work; `make gpu-deps GPU_APT=...`
+# overrides them on another release.
+GPU_APT := python3-pygpu=0.7.6-13+b1 libgpuarray-dev=0.7.6-13+b1 \
+           libgpuarray3=0.7.6-13+b1 pocl-opencl-icd=3.1-3+deb12u1
 
 .PHONY: install demo test clean gpu-deps
 
