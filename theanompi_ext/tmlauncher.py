@@ -84,13 +84,8 @@ def read_session_file(path, known):
     ``KEY=VALUE`` with shell quoting and ``#`` comments; ``KEY=( ... )``
     arrays may span lines. ValueError names the file and line.
     """
-    try:
-        with open(path) as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise ValueError('cannot read config file %s: %s' % (path, exc.strerror or exc))
-    except UnicodeDecodeError:
-        raise ValueError('config file %s is not text' % path)
+    from .train.options import read_config_lines
+    lines = read_config_lines(path)
     out, no = {}, 0
     while no < len(lines):
         start, text = no + 1, lines[no]

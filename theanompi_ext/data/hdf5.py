@@ -27,6 +27,8 @@ import tempfile
 import h5py
 import numpy as np
 
+from ..atomic import fsync_dir
+
 FORMAT_VERSION = 1
 SPLITS = ('train', 'val')
 # Labels are range-checked this many at a time so huge files need no big read.
@@ -220,7 +222,7 @@ class DatasetWriter(object):
                 os.close(fd)
             os.replace(self._tmp, self.path)
             self._tmp = None
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         except BaseException:
             self._abort()
             raise
@@ -239,20 +241,6 @@ class DatasetWriter(object):
             except OSError:
                 pass
             self._tmp = None
-
-
-def _fsync_dir(folder):
-    # Makes the rename itself durable; not possible on every platform/filesystem.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_dataset(path, train_images, train_labels, val_images, val_labels,

@@ -11,26 +11,19 @@ flat device vector the backward fills, an exchanger for device buckets
 import numpy as np
 
 from ..devices import DeviceError, DeviceErrorOnRanks
+from ..exchange.rules import KnRule
 
 # 'auto' picks the first that works on this device.
 EXCHANGE_PATHS = ('auto', 'host-staged', 'nccl')
 
 
-class DeviceKnRule(object):
+class DeviceKnRule(KnRule):
     """The kn-sum rule over device buffers: exchange (unless the overlapped
     backward already started it), then the compiled update."""
-    sync_type = 'kn'
 
     def __init__(self, exchanger, optimizer, params):
-        self.exchanger, self.optimizer, self.params = exchanger, optimizer, params
-
-    def state(self):
-        """Momentum and last rate (host copies, for checkpoints)."""
-        return self.optimizer.state()
-
-    def load_state(self, state):
-        """Restore :meth:`state`."""
-        self.optimizer.load_state(state)
+        super(DeviceKnRule, self).__init__(exchanger, optimizer)
+        self.params = params
 
     def step(self, values, grads, lr, reduced=False):
         """``values`` (the host mirror) is not read: the update runs on the device."""

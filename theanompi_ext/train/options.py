@@ -229,19 +229,24 @@ def _one_of(name, choices):
     return check
 
 
+def read_config_lines(path):
+    """The lines of the key=value file ``path``; ValueError if it cannot be read as text."""
+    try:
+        with open(path) as fh:
+            return fh.read().splitlines()
+    except OSError as exc:
+        raise ValueError('cannot read config file %s: %s' % (path, exc.strerror or exc))
+    except UnicodeDecodeError:
+        raise ValueError('config file %s is not text' % path)
+
+
 def read_kv_file(path, known=None):
     """Parse a key=value file (``#`` comments); keys are lower-cased.
 
     Raises ValueError naming the file and line for malformed lines.
     """
     out = {}
-    try:
-        with open(path) as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise ValueError('cannot read config file %s: %s' % (path, exc.strerror or exc))
-    except UnicodeDecodeError:
-        raise ValueError('config file %s is not text' % path)
+    lines = read_config_lines(path)
     for no, raw in enumerate(lines, 1):
         line = raw.split('#', 1)[0].strip()
         if not line:
