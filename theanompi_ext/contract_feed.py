@@ -85,10 +85,10 @@ class ModelFeed(object):
 
     def _check_inputs(self, theano, outputs):
         """Refuse a graph with a symbolic input that nothing feeds."""
-        from theano.gof import graph
+        from .engine import graph_inputs
         outs = [o for o in outputs if o is not None]
         fed = theano.clone(outs, replace=self.givens) if self.givens else outs
-        unfed = [v for v in graph.inputs(fed) if _symbolic(v) and v not in self.inputs]
+        unfed = [v for v in graph_inputs(fed) if _symbolic(v) and v not in self.inputs]
         if unfed:
             names = ', '.join('%s (%s)' % (v.name or '<unnamed>', v.type) for v in unfed)
             known = [k for k in ('x', 'y', 'lr', 'subb_ind') if hasattr(self.model, k)]

@@ -198,6 +198,12 @@ def grad(cost, wrt, known_grads=None):
     return theano.grad(cost, wrt, known_grads=known_grads)
 
 
+def graph_inputs(outputs):
+    """The root variables (symbolic inputs, shared variables, constants) of ``outputs``."""
+    from theano.gof import graph
+    return graph.inputs(outputs)
+
+
 def toposort(outputs):
     """Apply nodes computing ``outputs`` from the graph's roots, inputs first."""
     from theano.gof import graph
