@@ -31,7 +31,7 @@ demo: install
 	$(VENV)/bin/theanompi-ext train --workers 2 --model digits_cnn --epochs 8 \
 	    --batch-per-worker 32 --base-lr 0.05 --ref-batch 32 --warmup-epochs 2 \
 	    --decay-epochs 6 --exch-strategy $(DEMO_STRATEGY) \
-	    --out runs/demo
+	    --out runs/demo --overwrite
 
 test: install
 	$(PY) -m pytest -q tests

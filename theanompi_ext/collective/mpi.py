@@ -203,7 +203,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
     def describe(self):
         wait = ('tests + sleeps <= %g us' % self.thread_poll_us if self.thread_poll_us
                 else 'blocking')
-        return 'mpi rank %d/%d (%s, progress=%s, thread wait %s, 16-bit wire %s)' % (
+        return 'mpi rank %d/%d (%s, progress=%s, thread wait %s, 16-bit wires by %s)' % (
             self.rank, self.size, library_version(), self.progress, wait, self.wire_method)
 
 

@@ -120,7 +120,7 @@ def make_plan(cfg, workers, n_train, param_sizes, n_exch_params, layer_counts,
     momentum = '%g, %s, Nesterov %s, weight decay %g' % (
         cfg.momentum, FORMS_TEXT.get(cfg.momentum_form, cfg.momentum_form),
         'on' if cfg.nesterov else 'off', cfg.weight_decay)
-    return RunPlan(
+    plan = RunPlan(
         model=cfg.model, data=cfg.data, n_train=int(n_train), workers=k, batch_per_worker=n,
         total_batch=k * n, iters_per_epoch=ipe, epochs=cfg.epochs, total_iters=total,
         base_lr=cfg.base_lr, ref_batch=cfg.ref_batch, target_lr=sched.target_lr,
@@ -130,6 +130,10 @@ def make_plan(cfg, workers, n_train, param_sizes, n_exch_params, layer_counts,
         buckets=buckets, chunks=chunks, sync_type=cfg.sync_type,
         exch_strategy=cfg.exch_strategy, path=path,
         device=device or getattr(cfg, 'device', '') or 'cpu', outputs=output_files(cfg))
+    if cfg.wire_dtype != 'float32':
+        plan.lines.append(('wire', '%s: each bucket travels as 16 bits (%s per iteration), '
+                                   'summed in float32' % (cfg.wire_dtype, _mb(2 * n_exch))))
+    return plan
 
 
 def _model_facts(net, exchange_bn):
