@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from conftest import mpiexec
 from theanompi_ext.train import advice
 from theanompi_ext.train.config import TrainConfig
 
@@ -171,3 +172,18 @@ def test_eq10_without_correction_while_the_rate_changes():
     assert advice.uncorrected_momentum(
         paper(momentum_form='eq10-nocorrect', warmup='none', decay_epochs=()), 8) is None
     assert advice.uncorrected_momentum(paper(momentum_form='eq10'), 8) is None
+
+
+def test_dry_run_inside_your_own_mpiexec_prints_once_and_ends():
+    """Inside a user's mpiexec only rank 0 prints the plan, and the job ends: rank 0's
+    Theano import starts MPI, which waits for every rank (it hung before)."""
+    cmd = [mpiexec(), '-n', '2', sys.executable, '-m', 'theanompi_ext', 'train', '--dry-run',
+           '--batch-per-worker', '128', '--epochs', '4', '--decay-epochs', '3',
+           '--warmup-epochs', '1']
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           start_new_session=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail('train --dry-run inside mpiexec -n 2 hung')
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count('k x n         2 x 128 = 256 examples per iteration') == 1, r.stdout

@@ -24,6 +24,16 @@ def in_mpi_job(environ=None):
     return any(v in environ for v in LAUNCHER_VARS)
 
 
+def launcher_rank_size(environ=None):
+    """``(rank, size)`` of this process in an MPI job, from the launcher's
+    variables and without starting MPI; ``(0, None)`` outside one."""
+    env = os.environ if environ is None else environ
+    rank = next((int(env[v]) for v in ('PMI_RANK', 'OMPI_COMM_WORLD_RANK', 'PMIX_RANK')
+                 if v in env), 0)
+    size = next((int(env[v]) for v in ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE') if v in env), None)
+    return rank, size
+
+
 class OneRankWorld(object):
     """mpi4py's small-object API for a world of one process, with no MPI library.
 

@@ -25,7 +25,8 @@ EXAMPLES = """examples:
 
 
 def add_launch_arguments(p):
-    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` (train and trials)."""
+    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` of ``train``
+    (``trials`` words its own: they apply to each of its runs)."""
     g = p.add_argument_group('launch')
     g.add_argument('--workers', type=int, default=1, metavar='K',
                    help='k, the ranks to start when not already inside mpiexec (default 1)')
@@ -50,22 +51,6 @@ def register(sub):
     add_launch_arguments(p)
     options.add_config_arguments(p)
     p.set_defaults(func=main)
-
-
-def launcher_rank_size(environ=None):
-    """``(rank, size)`` of this process in an MPI job (from the launcher's
-    variables, without starting MPI); ``(0, None)`` outside one."""
-    env = os.environ if environ is None else environ
-    rank = size = None
-    for var in ('PMI_RANK', 'OMPI_COMM_WORLD_RANK', 'PMIX_RANK'):
-        if var in env:
-            rank = int(env[var])
-            break
-    for var in ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE'):
-        if var in env:
-            size = int(env[var])
-            break
-    return rank or 0, size
 
 
 def before_launch(cfg, workers, hostfile, dry_run, out=None, label=''):
@@ -96,6 +81,11 @@ def main(args):
         return 2
     from ..launch import in_mpi_job
     if in_mpi_job():
+        from ..collective.world import launcher_rank_size, world_comm
+        if args.dry_run:
+            # rank 0's plan imports Theano, which imports mpi4py and so starts MPI;
+            # MPI's start waits for every rank, so the others start it too
+            world_comm()
         rank, size = launcher_rank_size()
         workers, hostfile = size or args.workers, True   # the user's mpiexec placed them
     else:
