@@ -26,5 +26,5 @@ setup(
         'test': ['pytest==9.2.0', 'hypothesis==6.170.17'],
     },
     entry_points={'console_scripts': ['theanompi-ext=theanompi_ext.cli:main',
-                                    'tmxlauncher=theanompi_ext.tmlauncher:main']},
+                                    'tmxlauncher=theanompi_ext.theanompi_compat.session:main']},
 )

@@ -111,7 +111,8 @@ def test_contract_overlap_equals_serial_in_chunks():
     # One process (local communicator): the chunked backward on the model's own
     # graph gives the serial path's gradients and parameters.
     from theanompi_ext.collective import create_communicator
-    from theanompi_ext.contract import ContractStepper, resolve_options
+    from theanompi_ext.theanompi_compat.stepper import ContractStepper
+    from theanompi_ext.theanompi_compat.options import resolve_options
     import digits_contract as dc
     runs = {}
     for overlap in (False, True):
@@ -136,7 +137,7 @@ def test_contract_overlap_equals_serial_in_chunks():
     ('foreign', "not part of model.cost's graph"),
 ])
 def test_bad_tmx_layers_are_refused(layers, needle):
-    from theanompi_ext.contract import ContractGraph
+    from theanompi_ext.theanompi_compat.graph import ContractGraph
     import digits_contract as dc
     model = dc.DigitsMLPLayered({'verbose': False, 'rank': 0, 'size': 1})
     W1, b1, W2, b2 = model.params
@@ -212,7 +213,7 @@ def test_exchanger_in_fake_theanompi_worker(tmp_path):
         pytest.fail('fake Theano-MPI worker hung:\n%s\n%s' % (exc.stdout, exc.stderr))
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out['exchanger'] == 'theanompi_ext.exchange.theanompi_exchanger'
+    assert out['exchanger'] == 'theanompi_ext.theanompi_compat.exchanger'
     steps = 2 * 1600 // (K * 16)                # 2 epochs of the whole training set
     assert out['modes'] == {'calc': steps, 'sync': steps, 'comm': steps}
     ref = reference(steps)

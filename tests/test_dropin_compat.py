@@ -12,7 +12,7 @@ DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 
 
 def test_theanompi_flags_and_session_keys(tmp_path):
-    from theanompi_ext.tmlauncher import parse_args, session_from_file
+    from theanompi_ext.theanompi_compat.session import parse_args, session_from_file
     cfg = tmp_path / 's.cfg'
     cfg.write_text("RULE=BSP\nBSP_SYNC_TYPE='avg'  # Theano-MPI's key\n"
                    'MODELFILE=%s\nMODELCLASS=DigitsMLP\n'
@@ -35,7 +35,7 @@ def test_theanompi_flags_and_session_keys(tmp_path):
     ([], 'no session config given'),
 ])
 def test_flags_the_launcher_does_not_take_are_errors(argv, needle):
-    from theanompi_ext.tmlauncher import parse_args
+    from theanompi_ext.theanompi_compat.session import parse_args
     with pytest.raises(ValueError) as exc:
         parse_args(argv)
     assert needle in str(exc.value)
@@ -47,7 +47,7 @@ def test_flags_the_launcher_does_not_take_are_errors(argv, needle):
     ('DEVICES=("node0:cuda0"', 'array DEVICES=( is not closed'),
 ])
 def test_bad_session_values(tmp_path, line, needle):
-    from theanompi_ext.tmlauncher import session_from_file
+    from theanompi_ext.theanompi_compat.session import session_from_file
     cfg = tmp_path / 's.cfg'
     devices = '' if line.startswith('DEVICES') else 'DEVICES=cpu0,cpu1\n'
     cfg.write_text('RULE=BSP\nMODELFILE=digits_contract\nMODELCLASS=DigitsMLP\n%s%s\n'

@@ -150,7 +150,7 @@ def test_bsp_rule(tmp_path, model, strategy):
     assert summary['iterations'] == _iterations(model)
     assert_matches_reference(model, load_npz(tmp_path / 'out'))
     # What a Theano-MPI user looks for: the per-epoch record, its plot, snapshots.
-    from theanompi_ext.contract_outputs import read_record
+    from theanompi_ext.theanompi_compat.outputs import read_record
     record = read_record(str(tmp_path / 'out'))
     assert [r['epoch'] for r in record] == [1, 2]
     assert [r['iterations'] for r in record] == [6, 12]
@@ -225,7 +225,7 @@ def test_theanompi_worker_with_install(tmp_path, model, strategy):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Theano-MPI's lr_warmup is off" in res.stdout
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out['exchanger'] == 'theanompi_ext.exchange.theanompi_exchanger'
+    assert out['exchanger'] == 'theanompi_ext.theanompi_compat.exchanger'
     steps = _iterations(model)
     assert out['modes']['comm'] == steps and out['modes']['sync'] == steps
     assert out['shared_lr'] == pytest.approx(0.05)       # not raised by k**(1/5) per epoch
@@ -238,7 +238,7 @@ def test_theanompi_worker_with_install(tmp_path, model, strategy):
     ('NoSubbatchIndex', 'model.n_subb = 2 but the model has no model.subb_ind'),
 ])
 def test_unrecognisable_feed_is_refused(cls, needle):
-    from theanompi_ext.contract_feed import ModelFeed
+    from theanompi_ext.theanompi_compat.feed import ModelFeed
     from tmzoo import subbatch as sb
     model = getattr(sb, cls)({'verbose': False, 'rank': 0, 'size': 1})
     with pytest.raises(ValueError) as exc:
@@ -247,7 +247,7 @@ def test_unrecognisable_feed_is_refused(cls, needle):
 
 
 def test_subbatch_size_must_be_the_batch_size():
-    from theanompi_ext.contract_feed import ModelFeed
+    from theanompi_ext.theanompi_compat.feed import ModelFeed
     from tmzoo import subbatch as sb
     model = sb.Cifar10Like({'verbose': False, 'rank': 0, 'size': 1})
     model.batch_size = 16          # claims the file batch is one batch; its slice says 8
@@ -264,7 +264,7 @@ def test_refused_before_the_first_step_on_every_rank(tmp_path):
     assert res.returncode != 0
     assert 'failed: ValueError: model.n_subb = 2 but the model has no model.subb_ind' \
         in res.stderr
-    assert 'contract_feed.py:' in res.stderr          # file and line, by default
+    assert 'theanompi_compat/feed.py:' in res.stderr          # file and line, by default
     assert not (tmp_path / 'out' / 'params.npz').exists()
 
 

@@ -19,7 +19,8 @@ import types
 import numpy as np
 import pytest
 
-from theanompi_ext.collective import nccl, nccl_lib, strategy
+from theanompi_ext.collective import nccl, nccl_lib
+from theanompi_ext.theanompi_compat import strategy
 from theanompi_ext.collective.nccl import (NCCLCommunicator, check_sizes,
                                            check_one_rank_per_gpu, device_buffer,
                                            device_pointer, float32_device_buffer,

@@ -145,7 +145,7 @@ def test_train_option_file_key_and_refusals(tmp_path):
 
 
 def test_bsp_option_checked_before_any_rank_starts(tmp_path):
-    from theanompi_ext.rules import BSP
+    from theanompi_ext import BSP
     model = tmp_path / 'm.py'
     model.write_text('class M(object):\n    pass\n')
     with pytest.raises(ValueError, match="unknown wire dtype 'f16'"):
@@ -155,7 +155,7 @@ def test_bsp_option_checked_before_any_rank_starts(tmp_path):
     with pytest.raises(ValueError, match='wire_dtype float16 exists only for sync_type kn'):
         rule.init(['cpu0', 'cpu1'], str(model), 'M', wire_dtype='float16')
     assert rule.proc is None
-    from theanompi_ext.contract import OPTION_DEFAULTS
+    from theanompi_ext.theanompi_compat.options import OPTION_DEFAULTS
     assert OPTION_DEFAULTS['wire_dtype'][0] == 'float32'
 
 

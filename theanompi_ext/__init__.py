@@ -15,6 +15,6 @@ def __getattr__(name):
     # Lazy so that `import theanompi_ext` (e.g. for `info` or the launcher)
     # does not pay for importing and configuring Theano.
     if name == 'BSP':
-        from .rules import BSP
+        from .theanompi_compat.rule import BSP
         return BSP
     raise AttributeError(name)

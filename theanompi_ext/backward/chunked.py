@@ -216,7 +216,7 @@ class ChunkedBackward(object):
         The symbolic forward to cut (default ``TrainGraph(net, ...)``);
         anything with the attributes and ``feed`` of
         :class:`~theanompi_ext.backward.graph.TrainGraph`, e.g. a
-        Theano-MPI model's :class:`~theanompi_ext.contract.ContractGraph`.
+        Theano-MPI model's :class:`~theanompi_ext.theanompi_compat.graph.ContractGraph`.
     device_io
         On a device: the carried values and the gradients stay device
         arrays between the functions (``run`` then fills a device

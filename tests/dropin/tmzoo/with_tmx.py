@@ -1,6 +1,6 @@
 """The same models as a Theano-MPI user runs them inside Theano-MPI's own worker:
 one line at the top of the model file installs this project's exchanger."""
-from theanompi_ext.exchange.theanompi_exchanger import install_into_theanompi
+from theanompi_ext.theanompi_compat import install_into_theanompi
 
 install_into_theanompi(strict=True)
 

@@ -15,7 +15,7 @@ is the separate option ``wire_dtype`` (``float16``/``bfloat16``, see
 :mod:`.wire`), with float32 sums over MPI (alltoall-sum-allgather) and
 NCCL's native half/bfloat16 sums over NCCL.
 """
-from .nccl_lib import INSTALL_HINT, NCCLUnavailable
+from ..collective.nccl_lib import INSTALL_HINT, NCCLUnavailable
 
 EXCH_STRATEGIES = {'ar': 'mpi', 'nccl32': 'nccl'}
 
@@ -57,11 +57,11 @@ def choose_backend(buf=None, probe=None):
     ``probe``: injected ``() -> (ok, reason)`` (tests); default
     :func:`theanompi_ext.collective.nccl.probe`.
     """
-    from .nccl import is_device_array
+    from ..collective.nccl import is_device_array
     if not is_device_array(buf):
         return 'mpi'
     if probe is None:
-        from .nccl import probe
+        from ..collective.nccl import probe
     ok, reason = probe()
     if ok:
         return 'nccl'
@@ -72,5 +72,5 @@ def choose_backend(buf=None, probe=None):
 
 def create_for_strategy(exch_strategy, **options):
     """A communicator for a Theano-MPI ``exch_strategy`` name (see module table)."""
-    from .registry import create_communicator
+    from ..collective.registry import create_communicator
     return create_communicator(backend_for_strategy(exch_strategy), **options)

@@ -21,7 +21,7 @@ import io
 import json
 import os
 
-from . import atomic
+from .. import atomic
 
 RECORD = 'record.json'
 PLOT = 'record.png'
@@ -30,7 +30,7 @@ SNAPSHOTS = 'snapshots'
 
 def write_record(out, history, title=None):
     """Write ``record.json`` and its plot ``record.png`` for the epochs so far."""
-    from .train.report import plot_curves, render_png
+    from ..train.report import plot_curves, render_png
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, RECORD)
     files = {path: json.dumps({'format': 'theanompi_ext contract record', 'epochs': history},

@@ -2,13 +2,13 @@
 
 usage (started by ``BSP.init`` / ``tmlauncher`` through mpiexec)::
 
-    python -u -m theanompi_ext.theanompi_worker MODELFILE MODELCLASS SYNC_TYPE \
+    python -u -m theanompi_ext.theanompi_compat.worker MODELFILE MODELCLASS SYNC_TYPE \
         EXCH_STRATEGY DEVICES
 
 ``DEVICES`` is the comma-separated device list; rank r takes entry r (on
 a CPU machine the device only names the rank). Options of the exchange
 (warm-up, reference batch, ...) arrive as ``THEANOMPI_EXT_<NAME>``
-environment variables, see :data:`theanompi_ext.contract.OPTION_DEFAULTS`.
+environment variables, see :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS`.
 
 The loop mirrors Theano-MPI's BSP worker: build ``modelclass(config)``,
 ``compile_iter_fns(sync_type)``, then per epoch the training file batches,
@@ -90,13 +90,13 @@ def choose_mode(model, exch_strategy, sync_type='kn'):
     """(mode, reason): the exchange actually used for a contract model.
 
     ``ar-overlap`` needs the model's layer sequence (``model.tmx_layers``,
-    see :func:`theanompi_ext.contract.layer_entries`) to cut its backward
+    see :func:`theanompi_ext.theanompi_compat.tags.layer_entries`) to cut its backward
     pass into chunks; without it the serial exchange is used, and the
     reason says how to enable overlap.
     """
     if exch_strategy == 'ar':
         return 'ar', 'serial exchange after the whole backward pass (exch_strategy=ar)'
-    from .contract import layer_entries
+    from .tags import layer_entries
     layers = layer_entries(model)
     if layers is None:
         return 'ar', ('exch_strategy=%s asked for overlap, but the model does not list its '
@@ -114,10 +114,11 @@ def choose_mode(model, exch_strategy, sync_type='kn'):
 
 def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
     """Train the contract model on this rank; returns a summary dict."""
-    from .collective import create_communicator
-    from .contract import ContractStepper, resolve_options
-    from .train.trainer import compile_in_turn
-    from .contract_outputs import write_record, snapshot_due, save_snapshot
+    from ..collective import create_communicator
+    from .stepper import ContractStepper
+    from .options import resolve_options
+    from ..train.trainer import compile_in_turn
+    from .outputs import write_record, snapshot_due, save_snapshot
     own_comm = comm is None
     comm = comm or create_communicator('auto')
     rank, size = comm.rank, comm.size
@@ -126,7 +127,7 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     log = log if rank == 0 else (lambda *a, **k: None)
     # Engine configuration first: a model module that imports Theano itself
     # then finds it configured (a user's .theanorc still wins, see engine).
-    from . import engine  # noqa: F401
+    from .. import engine  # noqa: F401
     cls = import_model_class(modelfile, modelclass)
     config = {'verbose': rank == 0, 'rank': rank, 'size': size, 'mname': modelclass,
               'device': devices[rank], 'sync_type': sync_type, 'exch_strategy': exch_strategy}
@@ -226,7 +227,7 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
 
 def write_final(out, summary, state):
     """``params.npz`` and then ``summary.json`` (with the checksum of the former), atomically."""
-    from . import atomic
+    from .. import atomic
     os.makedirs(out, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, **state)
@@ -240,10 +241,10 @@ def write_final(out, summary, state):
 
 def main(argv=None):
     """Entry point of each rank (see module docstring)."""
-    from .train.worker import guarded
+    from ..train.worker import guarded
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 5:
-        sys.stderr.write('usage: python -m theanompi_ext.theanompi_worker MODELFILE '
+        sys.stderr.write('usage: python -m theanompi_ext.theanompi_compat.worker MODELFILE '
                          'MODELCLASS SYNC_TYPE EXCH_STRATEGY DEVICES\n')
         return 2
     modelfile, modelclass, sync_type, exch_strategy, devices = argv

@@ -1,0 +1,179 @@
+"""This project's exchange inside Theano-MPI's own BSP worker.
+
+Theano-MPI's worker constructs ``BSP_Exchanger(comm, gpucomm,
+exch_strategy, sync_type, ctx, model)`` and, per iteration, calls
+``model.train_iter(i, recorder)`` and then ``exchanger.exchange(recorder)``.
+:class:`BSP_Exchanger` here has that shape. On ``exchange`` it times a
+``Barrier`` as ``'sync'``, then (as ``'comm'``): restores the parameters of
+our last step (discarding the local step the model's own train function
+just took), computes the gradient of the model's cost on the batch the
+model just loaded (see :mod:`theanompi_ext.theanompi_compat.stepper`), exchanges it over
+MPI with the ``kn``, ``avg`` or ``cdd`` rule of this project and applies
+the update. ``avg``/``cdd`` therefore follow our :class:`AvgRule` /
+:class:`CddRule` semantics (not Theano-MPI's own code).
+
+Hooking in: :func:`install_into_theanompi` replaces ``BSP_Exchanger`` in
+Theano-MPI's exchanger module (and in any already imported ``theanompi``
+module that imported the name) by a factory that returns ours for
+``sync_type='kn'`` (or an ``exch_strategy`` of ours) and Theano-MPI's
+original otherwise. Call it at the top of the model file, which every rank
+imports before the exchanger is built.
+
+Theano-MPI's worker raises ``model.shared_lr`` by ``k**(1/5)`` per epoch
+(``lr_warmup``) for five epochs; our schedule warms up per iteration and
+reads ``shared_lr / base_lr`` as the model's own decay, so the install also
+turns that worker's ``lr_warmup`` off (else the two warm-ups compound).
+
+What it cannot do there: overlap (Theano-MPI's worker runs the whole
+iteration before calling ``exchange``), NCCL (``gpucomm``/``ctx`` are
+ignored; the exchange is a host-memory MPI allreduce), and every iteration
+costs one extra forward/backward (the model's own step, then ours).
+"""
+import sys
+
+from .stepper import ContractStepper
+from .options import resolve_options
+
+NEW_SYNC_TYPES = ('kn',)
+OUR_STRATEGIES = ('ar', 'ar-overlap')
+THEANOMPI_EXCHANGER_MODULE = 'theanompi.lib.exchanger'
+
+
+class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
+    """Theano-MPI's exchanger interface over this project's rules.
+
+    ``comm`` is mpi4py's ``COMM_WORLD`` (or any mpi4py communicator);
+    ``gpucomm`` and ``ctx`` are accepted and ignored (host MPI only).
+    """
+
+    def __init__(self, comm, gpucomm, exch_strategy, sync_type, ctx, model):
+        from ..collective.mpi import MPICommunicator
+        if exch_strategy not in OUR_STRATEGIES:
+            raise ValueError('exch_strategy %r is not available in theanompi_ext; use %s'
+                             % (exch_strategy, OUR_STRATEGIES))
+        self.mpi_comm = comm
+        self.comm = MPICommunicator(comm)
+        self.sync_type, self.exch_strategy = sync_type, exch_strategy
+        self.model = model
+        self.stepper = ContractStepper(model, self.comm, sync_type, resolve_options(model))
+        if self.comm.rank == 0 and exch_strategy != 'ar':
+            print('theanompi_ext: exch_strategy=%s inside Theano-MPI runs the serial '
+                  'exchange (its worker calls exchange() after the whole iteration)'
+                  % exch_strategy)
+        self.last = None
+        self.calls = 0
+
+    def exchange(self, recorder):
+        """Synchronise the ranks ('sync'), then gradient + exchange + update ('comm').
+
+        Theano-MPI's worker calls this after every ``train_iter``, i.e. once
+        per sub-batch, ``model.n_subb`` times per file batch in order: the
+        count of calls gives the sub-batch the model just trained on.
+        """
+        recorder.start()
+        self.mpi_comm.Barrier()
+        recorder.end('sync')
+        recorder.start()
+        self.last = self.stepper.step(self.calls % self.stepper.n_subb)
+        self.calls += 1
+        recorder.end('comm')
+
+
+def _factory(original):
+    def make(comm, gpucomm, exch_strategy, sync_type, ctx, model):
+        if sync_type in NEW_SYNC_TYPES or original is None:
+            return BSP_Exchanger(comm, gpucomm, exch_strategy, sync_type, ctx, model)
+        return original(comm, gpucomm, exch_strategy, sync_type, ctx, model)
+    make.theanompi_ext_original = original
+    return make
+
+
+class NotInstallable(RuntimeError):
+    """Why :func:`install_into_theanompi` could not install (its message says)."""
+
+
+def _theanompi_exchanger_module():
+    """Theano-MPI's exchanger module, or NotInstallable saying why not."""
+    import importlib
+    try:
+        importlib.import_module('theanompi')
+    except ImportError as exc:
+        raise NotInstallable('Theano-MPI is not importable (%s): install it (pip install '
+                             '--no-deps from its source tree) or use theanompi_ext.BSP' % exc)
+    try:
+        mod = importlib.import_module(THEANOMPI_EXCHANGER_MODULE)
+    except ImportError as exc:
+        missing = getattr(exc, 'name', None) or str(exc)
+        raise NotInstallable('Theano-MPI is installed but its exchanger module %s cannot be '
+                             'imported: %s is missing (%s). Theano-MPI\'s own worker needs '
+                             'pygpu and a GPU; without them use theanompi_ext.BSP or the '
+                             'tmxlauncher' % (THEANOMPI_EXCHANGER_MODULE, missing, exc))
+    if not isinstance(getattr(mod, 'BSP_Exchanger', None), type) and \
+            not hasattr(getattr(mod, 'BSP_Exchanger', None), 'theanompi_ext_original'):
+        raise NotInstallable('%s has no BSP_Exchanger class: a Theano-MPI version this '
+                             'project does not recognise (it fits the 2017 master: '
+                             'BSP_Exchanger(comm, gpucomm, exch_strategy, sync_type, ctx, '
+                             'model))' % THEANOMPI_EXCHANGER_MODULE)
+    return mod
+
+
+def _no_lr_warmup(original):
+    """Theano-MPI's ``BSP_Worker.lr_warmup`` replaced: our schedule already warms up."""
+    def lr_warmup(self, model, epoch):
+        if epoch == 0 and getattr(self, 'rank', 0) == 0:
+            print('theanompi_ext: Theano-MPI\'s lr_warmup is off; theanompi_ext\'s '
+                  'schedule (linear per-iteration warm-up, lr scaled by kn) replaces it')
+    lr_warmup.theanompi_ext_original = original
+    return lr_warmup
+
+
+def _replace_worker_warmup():
+    """Turn off Theano-MPI's per-epoch warm-up in its running worker (if any).
+
+    Its worker multiplies ``model.shared_lr`` by ``k**(1/5)`` at the start of
+    epochs 1..5 while our schedule (which reads ``shared_lr / base_lr`` as the
+    model's own decay) warms up too: the two would compound. Returns how
+    many worker classes were changed.
+    """
+    changed = 0
+    for name in ('__main__', 'theanompi.worker'):
+        mod = sys.modules.get(name)
+        cls = getattr(mod, 'BSP_Worker', None) if mod is not None else None
+        current = getattr(cls, 'lr_warmup', None)
+        if current is not None and not hasattr(current, 'theanompi_ext_original'):
+            cls.lr_warmup = _no_lr_warmup(current)
+            changed += 1
+    return changed
+
+
+def install_into_theanompi(strict=False):
+    """Register our exchanger for ``sync_type='kn'`` in an importable Theano-MPI.
+
+    Also turns off the per-epoch ``lr_warmup`` of Theano-MPI's running BSP
+    worker (our schedule replaces it; see :func:`_replace_worker_warmup`).
+    Returns True when installed. When it cannot install (Theano-MPI not
+    importable, its exchanger module not importable, e.g. pygpu missing,
+    or a version it does not recognise) it writes why to stderr and
+    returns False, or raises :class:`NotInstallable` with that message
+    when ``strict``. Idempotent.
+    """
+    try:
+        mod = _theanompi_exchanger_module()
+    except NotInstallable as exc:
+        if strict:
+            raise
+        sys.stderr.write('theanompi_ext: install_into_theanompi: not installed: %s\n' % exc)
+        return False
+    _replace_worker_warmup()
+    current = getattr(mod, 'BSP_Exchanger', None)
+    if hasattr(current, 'theanompi_ext_original'):
+        return True
+    patched = _factory(current)
+    mod.BSP_Exchanger = patched
+    # Modules that did `from theanompi.lib.exchanger import BSP_Exchanger` hold their own name.
+    for name, other in list(sys.modules.items()):
+        # '__main__': Theano-MPI's worker runs as a script.
+        if (name.startswith('theanompi') or name == '__main__') and other is not None and \
+                getattr(other, 'BSP_Exchanger', None) is current and current is not None:
+            other.BSP_Exchanger = patched
+    return True

@@ -1,0 +1,97 @@
+"""A Theano-MPI model's own graph as this project's backward reads it.
+
+:class:`GradientFunction` (one compiled function: cost, error, gradients)
+and :class:`ContractGraph` (the layers, for the chunked backward).
+"""
+import numpy as np
+
+from .tags import layer_entries
+
+
+class GradientFunction(object):
+    """``fn(subb) -> (cost, error, [grad values])`` on sub-batch ``subb`` of the loaded batch.
+
+    Compiled from the model's own graph with the model's own feed
+    (:class:`~theanompi_ext.theanompi_compat.feed.ModelFeed`: ``subb_ind`` as input,
+    ``shared_x_slice``/``shared_y_slice``/``shared_lr`` given for
+    ``x``/``y``/``lr``), so inputs transformed inside the graph are seen
+    as the model's train function sees them.
+    """
+
+    def __init__(self, model, params_order, feed):
+        from ..engine import theano
+        err = getattr(model, 'error', None)
+        self.has_error = err is not None
+        outs = [model.cost] + ([err] if self.has_error else [])
+        grads = [model.grads[i] for i in params_order]
+        self.feed = feed
+        self.fn = theano.function(list(feed.inputs), outs + grads, givens=feed.givens or None,
+                                  on_unused_input='ignore', name='tmx_contract_grads')
+        self.n_out = len(outs)
+
+    def __call__(self, subb=0):
+        res = self.fn(*self.feed.values(subb))
+        cost = float(res[0])
+        error = float(res[1]) if self.has_error else float('nan')
+        return cost, error, res[self.n_out:]
+
+
+class ContractGraph(object):
+    """A contract model's own symbolic graph, as the chunked backward reads it.
+
+    Gives :class:`~theanompi_ext.backward.chunked.ChunkedBackward` what
+    :class:`~theanompi_ext.backward.graph.TrainGraph` gives it for our own
+    networks: ``cost`` (the model's cost times a shared ``scale`` = 1/k,
+    i.e. the loss over kn), ``loss_sum``/``err_sum`` (here the model's own
+    per-worker means), the layers' outputs and parameters from
+    ``model.tmx_layers``, and the data inputs. The graph is the model's own,
+    rewritten with the model's feed (:class:`~theanompi_ext.theanompi_compat.feed.ModelFeed`)
+    to read the shared file batch; its one input, if any, is the sub-batch
+    index ``model.subb_ind``. BN running statistics are
+    left to the model, as in the serial path.
+    """
+
+    def __init__(self, model, loss_scale, feed=None):
+        from ..engine import T, shared, toposort
+        from .feed import ModelFeed
+        entries = layer_entries(model)
+        if entries is None:
+            raise ValueError('the model has no tmx_layers attribute')
+        self.layers = [(name, params) for name, _, params in entries]
+        self.data_roots = [v for v in (getattr(model, 'shared_x', None),
+                                       getattr(model, 'shared_y', None)) if hasattr(v, 'get_value')]
+        if not self.data_roots:
+            raise ValueError('the model has neither model.x/model.y nor model.shared_x/'
+                             'shared_y: cannot tell where the batch enters its graph')
+        err = getattr(model, 'error', None)
+        self.has_error = err is not None
+        # The outputs must be on the cost's graph, each computed from the one before.
+        ancestors = set(v for node in toposort([model.cost]) for v in node.outputs)
+        for i, (name, output, _) in enumerate(entries):
+            if output not in ancestors:
+                raise ValueError('model.tmx_layers[%d] (%s): its output is not part of '
+                                 'model.cost\'s graph' % (i, name))
+            if i and not any(entries[i - 1][1] in node.inputs
+                             for node in toposort([output])):
+                raise ValueError('model.tmx_layers must be in forward order: the output of '
+                                 'entry %d (%s) is not computed from that of entry %d (%s)'
+                                 % (i, name, i - 1, entries[i - 1][0]))
+        self.model_feed = feed if feed is not None else ModelFeed(model)
+        # The model's graph as its own train function runs it: read from the
+        # shared file batch through the model's givens (slice, dimshuffle, ...).
+        outs = self.model_feed.clone([model.cost] + ([err] if err is not None else []) +
+                                     [output for _, output, _ in entries])
+        cost = outs[0]
+        self.layer_outputs = outs[1 + self.has_error:]
+        self.inputs = list(self.model_feed.inputs)
+        self.data_roots += self.inputs
+        self.loss_sum = cost
+        self.err_sum = outs[1] if self.has_error else T.constant(np.float32(np.nan))
+        self.scale = shared(np.float32(loss_scale), name='loss_scale')
+        self.cost = cost * self.scale
+        self.stat_updates = []
+
+    def feed(self, x=None, y=None):
+        """Values of :attr:`inputs`: ``x`` is the sub-batch index (the batch
+        itself is already in the model's shared variables)."""
+        return self.model_feed.values(x or 0)

@@ -1,0 +1,70 @@
+"""Options of a Theano-MPI model run: defaults, environment names, resolution.
+
+Values come from, in increasing priority: :data:`OPTION_DEFAULTS`, the
+model's attributes, a ``tmx_options`` dict on the model, and the
+environment ``THEANOMPI_EXT_<NAME>`` (which ``BSP.init`` and the session
+launcher set).
+"""
+import os
+
+from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+
+# Options of a contract-model run: name -> (default, parser). Values come
+# from, in increasing priority: these defaults, the model's attributes
+# (see :func:`resolve_options`), a ``tmx_options`` dict on the model, the
+# environment ``THEANOMPI_EXT_<NAME>`` (which BSP.init and tmlauncher set).
+OPTION_DEFAULTS = {
+    'batch_per_worker': (0, int),      # 0: model.batch_size
+    'ref_batch': (0, int),             # 0: batch_per_worker (base_lr tuned for one worker)
+    'warmup': ('gradual', str),
+    'warmup_epochs': (-1.0, float),    # -1: min(5, n_epochs / 2)
+    'momentum_form': ('eq9', str),
+    'weight_decay': (-1.0, float),     # -1: model.eta
+    'momentum': (-1.0, float),         # -1: model.mu
+    'exchange_bn': (False, lambda s: str(s).strip().lower() in ('1', 'true', 'yes', 'on')),
+    'bucket_cap_mb': (DEFAULT_CAP_MB, float),
+    'first_bucket_cap_mb': (DEFAULT_FIRST_CAP_MB, float),
+    'wire_dtype': ('float32', str),    # float16/bfloat16: 16-bit wire, float32 sums
+    'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
+    'out': ('', str),                  # rank 0 writes params.npz, summary.json, record, snapshots
+    'snapshot_freq': (5, int),         # epochs between HDF5 snapshots in OUT/snapshots (0: none)
+}
+ENV_PREFIX = 'THEANOMPI_EXT_'
+
+
+def option_env_name(name):
+    """The environment variable carrying option ``name`` to the ranks."""
+    return ENV_PREFIX + name.upper()
+
+
+def resolve_options(model, environ=None):
+    """The run's options as a dict (see :data:`OPTION_DEFAULTS`), filled in from the model."""
+    environ = os.environ if environ is None else environ
+    opts = {k: v[0] for k, v in OPTION_DEFAULTS.items()}
+    opts.update(getattr(model, 'tmx_options', None) or {})
+    for key, (_, parse) in OPTION_DEFAULTS.items():
+        raw = environ.get(option_env_name(key))
+        if raw not in (None, ''):
+            try:
+                opts[key] = parse(raw)
+            except ValueError:
+                raise ValueError('option %s=%r: expected %s' % (option_env_name(key), raw,
+                                                                 OPTION_DEFAULTS[key][0].__class__.__name__))
+    if opts['batch_per_worker'] <= 0:
+        n = getattr(model, 'batch_size', None)
+        if not n:
+            raise ValueError('cannot tell the per-worker batch size: the model has no '
+                             'batch_size attribute; set %s' % option_env_name('batch_per_worker'))
+        opts['batch_per_worker'] = int(n)
+    if opts['ref_batch'] <= 0:
+        opts['ref_batch'] = opts['batch_per_worker']
+    n_epochs = int(model.n_epochs)
+    if opts['warmup_epochs'] < 0:
+        opts['warmup_epochs'] = min(5.0, n_epochs / 2.0)
+    if opts['weight_decay'] < 0:
+        opts['weight_decay'] = float(getattr(model, 'eta', 0.0) or 0.0)
+    if opts['momentum'] < 0:
+        opts['momentum'] = float(getattr(model, 'mu', 0.0) or 0.0)
+    opts['nesterov'] = bool(getattr(model, 'use_nesterov_momentum', False))
+    opts['base_lr'] = float(model.base_lr)
+    return opts

@@ -1,0 +1,181 @@
+"""Theano-MPI's rule interface: ``BSP().init(devices, modelfile, modelclass)`` + ``wait()``.
+
+The one-line change for a Theano-MPI user is the import::
+
+    from theanompi_ext import BSP      # was: from theanompi import BSP
+    rule = BSP()                       # sync_type 'kn', exch_strategy 'ar' by default
+    rule.init(devices=['cuda0', 'cuda1'], modelfile='models.cifar10', modelclass='Cifar10_model')
+    rule.wait()
+
+``init`` starts one rank per device with ``mpiexec -n K python -u -m
+theanompi_ext.theanompi_compat.worker ...`` (no MPMD: the device list travels in
+argv and rank r takes entry r) and returns at once; ``wait`` returns the
+job's exit status (0 when every rank succeeded) and on Ctrl-C stops every
+rank. This module imports neither Theano nor the model: it is the
+launching side.
+"""
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+
+SYNC_TYPES = ('kn', 'avg', 'cdd')
+EXCH_STRATEGIES = ('ar', 'ar-overlap')
+
+
+def _model_source(modelfile):
+    """Path of the model's source file, without importing it (ValueError if missing)."""
+    if modelfile.endswith('.py') or os.path.sep in modelfile:
+        if not os.path.isfile(modelfile):
+            raise ValueError('model file %s not found' % modelfile)
+        return modelfile
+    # The ranks get the working directory on PYTHONPATH; search it here too.
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    from ..engine_flags import configured_environment
+    try:
+        # find_spec imports the module's parent packages, which may import
+        # Theano: configure it first, as the ranks do.
+        with configured_environment():
+            spec = importlib.util.find_spec(modelfile)
+    except (ImportError, ValueError) as exc:
+        parent = modelfile.rpartition('.')[0]
+        missing = getattr(exc, 'name', None) or ''
+        # A module of the dotted path itself missing is "not found"; anything
+        # else is the package's own import failing (a dependency, a bug).
+        if isinstance(exc, ImportError) and parent and missing and \
+                not (modelfile + '.').startswith(missing + '.'):
+            raise ValueError('model module %s: importing its package %s failed: %s: %s'
+                             % (modelfile, parent, type(exc).__name__, exc))
+        spec, why = None, str(exc)
+    else:
+        why = 'no such module'
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        raise ValueError('model file %s not found (%s; searched the working directory '
+                         'and PYTHONPATH)' % (modelfile, why))
+    return spec.origin
+
+
+def check_model(modelfile, modelclass):
+    """Refuse a missing model module/file or class, naming it (no import, no Theano).
+
+    The class must be defined or imported at the top level of the module.
+    """
+    path = _model_source(modelfile)
+    if not path.endswith('.py'):
+        return path                 # compiled module: cannot inspect, the ranks will tell
+    with open(path) as f:
+        try:
+            tree = ast.parse(f.read(), path)
+        except SyntaxError as exc:
+            raise ValueError('model file %s does not parse: %s' % (path, exc))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split('.')[0] for a in node.names)
+    if modelclass not in names:
+        raise ValueError('model class %s not found in model file %s' % (modelclass, path))
+    return path
+
+
+def _child_env(options):
+    from .options import option_env_name, OPTION_DEFAULTS
+    from ..launch.mpiexec import child_env
+    env = child_env()
+    # The model module is named relative to where the user runs, as with Theano-MPI.
+    env['PYTHONPATH'] = os.pathsep.join([os.getcwd()] + [p for p in
+                                         env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    for key, value in options.items():
+        if key not in OPTION_DEFAULTS:
+            raise ValueError('unknown option %r; known: %s' % (key, ', '.join(sorted(OPTION_DEFAULTS))))
+        env[option_env_name(key)] = str(value)
+    return env
+
+
+def _check_wire_option(wire, sync_type):
+    """Refuse a bad ``wire_dtype`` option before any rank starts."""
+    from ..collective.wire import check_wire_dtype
+    check_wire_dtype(wire)
+    if wire != 'float32' and sync_type != 'kn':
+        raise ValueError('wire_dtype %s exists only for sync_type kn (avg and cdd exchange '
+                         'parameters and momenta in float32)' % wire)
+
+
+class BSP(object):
+    """Bulk-synchronous data parallelism with this project's exchange.
+
+    Class attributes (set them on the class or the instance before init):
+    ``sync_type`` ('kn' default; 'avg', 'cdd' as Theano-MPI) and
+    ``exch_strategy`` ('ar' default; 'ar-overlap').
+    """
+    sync_type = 'kn'
+    exch_strategy = 'ar'
+
+    def __init__(self):
+        self.proc = None
+        self.devices = None
+        self.command = None
+
+    def init(self, devices, modelfile, modelclass, **options):
+        """Start one rank per device and return immediately.
+
+        ``devices``: list like ``['cuda0', 'cuda1']`` or ``['cpu0', 'cpu1']``
+        (also a comma-separated string), or across nodes Theano-MPI's
+        ``['node0:cuda0', 'node1:cuda0,cuda1']`` (rank r takes the r-th device). ``options``: exchange options of
+        :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS` (e.g.
+        ``warmup='theanompi'``), passed to the ranks in the environment.
+        """
+        from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
+        from ..launch.devices import parse_devices, remote_hosts, host_args
+        if not devices:
+            raise ValueError('no devices given')
+        pairs = parse_devices(devices)
+        devices = [d for _, d in pairs]
+        hosts = remote_hosts(pairs)
+        if self.sync_type not in SYNC_TYPES:
+            raise ValueError('unknown sync_type %r; choose from %s' % (self.sync_type, SYNC_TYPES))
+        if self.exch_strategy not in EXCH_STRATEGIES:
+            raise ValueError('unknown exch_strategy %r; choose from %s'
+                             % (self.exch_strategy, EXCH_STRATEGIES))
+        if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':
+            raise ValueError('exch_strategy ar-overlap exists only for sync_type kn')
+        check_model(modelfile, modelclass)
+        _check_wire_option(options.get('wire_dtype', 'float32'), self.sync_type)
+        env = _child_env(options)
+        argv = [sys.executable, '-u', '-m', 'theanompi_ext.theanompi_compat.worker', modelfile,
+                modelclass, self.sync_type, self.exch_strategy, ','.join(devices)]
+        self.devices = devices
+        mpiexec = find_mpiexec()
+        self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
+                                       extra=host_args(hosts, mpiexec) if hosts else ())
+        # Own process group: wait() can stop mpiexec and every rank together.
+        # (and killed with this process, whatever the signal: popen_job)
+        self.proc = popen_job(self.command, env)
+        return self
+
+    def wait(self, timeout=None):
+        """Wait for the ranks; return the exit status (non-zero if any rank failed).
+
+        Ctrl-C (or ``timeout`` seconds passing) stops every rank; the status
+        is then 130 (or 124).
+        """
+        from ..launch.mpiexec import stop_group
+        if self.proc is None:
+            raise RuntimeError('BSP.wait() before BSP.init()')
+        try:
+            return self.proc.wait(timeout=timeout)
+        except KeyboardInterrupt:
+            stop_group(self.proc)
+            return 130
+        except subprocess.TimeoutExpired:
+            stop_group(self.proc)
+            return 124

@@ -1,0 +1,189 @@
+"""Drive an unchanged Theano-MPI model (its *contract*) with this project's exchange.
+
+A Theano-MPI model class exposes ``params``, ``grads`` (symbolic gradients
+of ``cost``), ``cost``, ``error``, ``weight_types``, ``data``, ``base_lr``,
+``shared_lr``, ``mu``, ``eta``, ``use_nesterov_momentum`` and the methods
+``compile_iter_fns``, ``train_iter``, ``val_iter``, ``reset_iter``,
+``adjust_hyperp`` and ``cleanup``. Its own train function both computes the
+gradient *and* applies its own update, so it cannot give us per-worker
+gradient values. Decision (see ``docs/migrating-from-theano-mpi.md``):
+
+* :class:`GradientFunction` compiles **our own** Theano function whose
+  outputs are ``[cost, error] + model.grads``, fed the way the model's own
+  train function is fed (:mod:`theanompi_ext.theanompi_compat.feed`): its input is
+  the sub-batch index ``model.subb_ind`` (when the model has sub-batches)
+  and ``model.shared_x_slice``/``shared_y_slice`` (else ``shared_x``/
+  ``shared_y``) and ``shared_lr`` are given for ``model.x``/``y``/``lr``.
+  One iteration is one sub-batch, as in Theano-MPI's worker loop; n (of kn)
+  is the sub-batch size.
+* Loading a batch: the model's optional hook ``model.load_train_batch(i)``
+  is used when present (it only fills ``shared_x``/``shared_y``). Without
+  it we call the model's own ``train_iter(i, recorder)`` (which loads the
+  batch and takes the model's own local step) and then **restore** the
+  parameters from our master copy, so the model's own step is discarded;
+  the cost is one extra forward/backward per iteration and BN running
+  statistics, if any, are updated twice.
+* The model's cost is a mean over the worker's n examples; its gradient
+  times ``1/k`` is the gradient of the loss normalised by kn (the same
+  number as dividing the loss by kn).
+
+:class:`ContractStepper` then runs the flat exchange of this project on
+those gradients: ParamSet in ``flat_order``, :class:`KnSumExchanger`,
+:func:`make_rule` (``kn``, ``avg`` or ``cdd``) and :class:`Schedule`.
+It is shared by :mod:`theanompi_ext.theanompi_compat.worker` (our worker) and
+:mod:`theanompi_ext.theanompi_compat.exchanger` (inside Theano-MPI).
+"""
+import numpy as np
+
+from ..params import ParamSet
+from .graph import ContractGraph, GradientFunction
+from .options import resolve_options
+from .tags import contract_tags, layer_entries
+
+
+class NonFiniteStep(FloatingPointError):
+    """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
+    all_ranks = True
+
+
+class ContractStepper(object):
+    """One synchronous step of this project's exchange for a contract model.
+
+    ``comm`` is one of our :class:`~theanompi_ext.collective.Communicator`.
+    Call :meth:`step` once per iteration after the batch is in the model's
+    shared variables.
+    """
+
+    def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False):
+        from ..buckets.plan import flat_order, plan_buckets, check_plan_across_ranks
+        from ..exchange.knsum import KnSumExchanger
+        from ..exchange.rules import make_rule, SYNC_TYPES
+        from ..update.schedule import Schedule
+        from ..train.trainer import check_models_match, compile_in_turn
+        from types import SimpleNamespace
+        if sync_type not in SYNC_TYPES:
+            raise ValueError('unknown sync_type %r; choose from %s' % (sync_type, SYNC_TYPES))
+        self.model, self.comm, self.sync_type = model, comm, sync_type
+        self.opts = opts = options if options is not None else resolve_options(model)
+        self.k = k = comm.size
+        tags = contract_tags(model)
+        order, n_exch_params = flat_order(tags, exchange_bn=opts['exchange_bn'])
+        # Theano-MPI models reuse names ('W', 'b') in every layer: prefix the model index.
+        names = ['%03d_%s' % (i, model.params[i].name or 'param') for i in order]
+        self.order = order
+        self.params = ParamSet([model.params[i] for i in order], names)
+        self.params.tags = [tags[i] for i in order]
+        self.layout = self.params.layout
+        check_models_match(comm, self.layout)
+        self.n_exch = (self.layout.offsets[n_exch_params] if n_exch_params < len(self.layout)
+                       else self.layout.total)
+        self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
+                                    opts['bucket_cap_mb'], opts['first_bucket_cap_mb'])
+        check_plan_across_ranks(comm, self.buckets, self.layout, extra=(sync_type,))
+        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k,
+                                        wire=opts['wire_dtype'])
+        rule_opts = SimpleNamespace(weight_decay=opts['weight_decay'], momentum=opts['momentum'],
+                                    momentum_form=opts['momentum_form'],
+                                    nesterov=opts['nesterov'])
+        self.rule = make_rule(sync_type, comm, self.layout, n_exch_params, self.params.tags,
+                              self.exchanger, rule_opts)
+        from .feed import ModelFeed
+        self.feed = ModelFeed(model, opts['batch_per_worker'],
+                              outputs=[getattr(model, 'error', None)])
+        self.n = self.feed.n
+        self.n_subb = self.feed.n_subb
+        # One iteration is one sub-batch (Theano-MPI's worker loop).
+        self.iters_per_epoch = int(model.data.n_batch_train) * self.n_subb
+        self.schedule = Schedule(opts['base_lr'], k * self.n, self.iters_per_epoch,
+                                 int(model.n_epochs), opts['ref_batch'], opts['warmup'],
+                                 opts['warmup_epochs'], decay_epochs=(), workers=k)
+        # Overlap: our chunked backward on the model's own graph, each bucket
+        # started as soon as its gradients are final (needs model.tmx_layers).
+        self.overlap = bool(overlap)
+        if self.overlap and sync_type != 'kn':
+            raise ValueError('overlap exists only for sync_type kn, not %r' % sync_type)
+        if self.overlap:
+            from ..backward.chunked import ChunkedBackward
+            self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
+                None, self.params.vars, 1.0 / k,
+                graph=ContractGraph(model, 1.0 / k, feed=self.feed)))
+            self.gradfn = None
+        else:
+            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order, self.feed))
+        self.grads = np.zeros(self.layout.total, np.float32)
+        self.master = self.params.values.copy()
+        self._stats = np.zeros(2, np.float32)
+        self.iteration = 0
+
+    def rebind(self):
+        """Point every shared variable at its view of the flat vector again.
+
+        The model's own train function may have replaced a variable's
+        storage (or updated it in place); this restores our binding cheaply.
+        """
+        ps = self.params
+        for i, var in enumerate(ps.vars):
+            var.set_value(ps.layout.view(ps.values, i), borrow=True)
+
+    def restore(self):
+        """Undo anything the model did to its parameters since our last step."""
+        self.params.values[...] = self.master
+        self.rebind()
+
+    def model_step_moved(self):
+        """True when the model's own train function changed its parameters since our last step.
+
+        Theano-MPI models compiled by its ``pre_model_iter_fn(k>1)`` never do:
+        their parameters move only in ``cdd``'s second step, after the
+        exchange has filled ``vels2``.
+        """
+        return any(not np.array_equal(np.asarray(var.get_value()).reshape(-1),
+                                      self.master[self.layout.slice(i)])
+                   for i, var in enumerate(self.params.vars))
+
+    def lr(self):
+        """This iteration's rate: our schedule times the model's own decay
+        (``shared_lr / base_lr``, which ``adjust_hyperp`` changes)."""
+        mult = 1.0
+        shared_lr = getattr(self.model, 'shared_lr', None)
+        if shared_lr is not None and self.opts['base_lr'] > 0:
+            mult = float(shared_lr.get_value()) / self.opts['base_lr']
+        return self.schedule.lr(self.iteration) * mult
+
+    def step(self, subb=0):
+        """Gradients on sub-batch ``subb`` of the loaded batch, exchange, update.
+
+        Returns (cost, error, lr); ``cost``/``error`` are this worker's (the
+        model's per-n means).
+        """
+        self.restore()
+        if self.overlap:
+            cost, error = self.backward.run(
+                subb, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
+            if not self.backward.graph.has_error:
+                error = float('nan')
+            # A non-finite gradient anywhere makes every rank's sum non-finite.
+            self.exchanger.finish(self.grads)
+        else:
+            cost, error, gvals = self.gradfn(subb)
+            inv_k = np.float32(1.0 / self.k)
+            for i, g in enumerate(gvals):
+                np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,
+                            out=self.grads[self.layout.slice(i)])
+        self._stats[...] = (cost, 0.0 if not np.isfinite(error) else error)
+        finite = np.array([1.0 if np.all(np.isfinite(self.grads)) and np.isfinite(cost)
+                           else 0.0], np.float32)
+        self.comm.allreduce(finite)
+        if finite[0] < self.k:
+            raise NonFiniteStep('non-finite loss or gradient at iteration %d'
+                                     % self.iteration)
+        lr = self.lr()
+        self.rule.step(self.params.values, self.grads, lr, reduced=self.overlap)
+        self.master[...] = self.params.values
+        self.rebind()
+        self.iteration += 1
+        return cost, error, lr
+
+    def state_dict(self):
+        """name -> parameter copy (flat-layout names)."""
+        return self.params.state_dict()
