@@ -42,7 +42,7 @@ def test_flags_the_launcher_does_not_take_are_errors(argv, needle):
 
 
 @pytest.mark.parametrize('line,needle', [
-    ('BSP_EXCH_STRATEGY=nccl32', "EXCH_STRATEGY=nccl32 is Theano-MPI's pygpu NCCL"),
+    ('BSP_EXCH_STRATEGY=nccl32', "EXCH_STRATEGY='nccl32': Theano-MPI's pygpu NCCL"),
     ('DEVICES=("node0:")', "DEVICES entry 'node0:'"),
     ('DEVICES=("node0:cuda0"', 'array DEVICES=( is not closed'),
 ])

@@ -152,7 +152,8 @@ def test_bsp_option_checked_before_any_rank_starts(tmp_path):
         BSP().init(['cpu0', 'cpu1'], str(model), 'M', wire_dtype='f16')
     rule = BSP()
     rule.sync_type = 'avg'
-    with pytest.raises(ValueError, match='wire_dtype float16 exists only for sync_type kn'):
+    with pytest.raises(ValueError, match="invalid option wire_dtype='float16': a 16-bit wire "
+                                         "exists only for sync_type=kn"):
         rule.init(['cpu0', 'cpu1'], str(model), 'M', wire_dtype='float16')
     assert rule.proc is None
     from theanompi_ext.theanompi_compat.options import OPTION_DEFAULTS

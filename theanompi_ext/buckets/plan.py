@@ -40,6 +40,13 @@ def flat_order(tags, exchange_bn=False):
     return list(reversed(exchanged)) + local, len(exchanged)
 
 
+def exchanged_entries(sizes, n_exchanged):
+    """Entries of the flat vector that are exchanged: those of the first
+    ``n_exchanged`` parameters (``sizes`` in flat-layout order), which
+    :func:`flat_order` puts in front of the local ones."""
+    return int(sum(sizes[:n_exchanged]))
+
+
 def plan_buckets(sizes, n_exchanged, cap_mb=DEFAULT_CAP_MB, first_cap_mb=DEFAULT_FIRST_CAP_MB):
     """Group the first ``n_exchanged`` parameters into buckets.
 

@@ -9,4 +9,5 @@
 :func:`make_rule` builds one by ``sync_type``; :class:`BSP_Exchanger`
 is the Theano-MPI-shaped front door.
 """
-from .rules import make_rule, SYNC_TYPES  # noqa: F401
+from .rules import make_rule  # noqa: F401
+from .modes import SYNC_TYPES, EXCH_STRATEGIES, check_mode  # noqa: F401

@@ -7,8 +7,8 @@ vector in place, identically on every rank for exchanged parameters.
 import numpy as np
 
 from ..update.momentum import Optimizer
-
-SYNC_TYPES = ('kn', 'avg', 'cdd')
+from ..buckets.plan import exchanged_entries
+from .modes import check_choice
 
 
 class KnRule(object):
@@ -96,7 +96,8 @@ def make_rule(sync_type, comm, layout, n_exch_params, tags, exchanger, opts):
     ``opts`` is a :class:`~theanompi_ext.train.config.TrainConfig`.
     """
     from ..update.policy import decay_vector
-    n_exch = layout.offsets[n_exch_params] if n_exch_params < len(layout) else layout.total
+    check_choice('sync_type', sync_type)
+    n_exch = exchanged_entries(layout.sizes, n_exch_params)
     decay = decay_vector(layout, tags, opts.weight_decay)
     k = comm.size
     if sync_type == 'kn':
@@ -113,4 +114,4 @@ def make_rule(sync_type, comm, layout, n_exch_params, tags, exchanger, opts):
                              if 'bias' not in t and 'bn_affine' not in t])
         return CddRule(comm, n_exch, layout.total, opts.momentum,
                        wmask * np.float32(opts.weight_decay), lr_mult, k)
-    raise ValueError('unknown sync_type %r; choose from %s' % (sync_type, SYNC_TYPES))
+    raise AssertionError('sync_type %r is in modes.SYNC_TYPES but has no rule' % sync_type)

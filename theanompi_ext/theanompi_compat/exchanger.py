@@ -33,9 +33,8 @@ import sys
 
 from .stepper import ContractStepper
 from .options import resolve_options
+from ..exchange.modes import NEW_SYNC_TYPES, SERIAL, check_mode
 
-NEW_SYNC_TYPES = ('kn',)
-OUR_STRATEGIES = ('ar', 'ar-overlap')
 THEANOMPI_EXCHANGER_MODULE = 'theanompi.lib.exchanger'
 
 
@@ -47,16 +46,16 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
     """
 
     def __init__(self, comm, gpucomm, exch_strategy, sync_type, ctx, model):
+        # Before any collective: every rank refuses the same way.
+        options = resolve_options(model)
+        check_mode(sync_type, exch_strategy, options['wire_dtype'])
         from ..collective.mpi import MPICommunicator
-        if exch_strategy not in OUR_STRATEGIES:
-            raise ValueError('exch_strategy %r is not available in theanompi_ext; use %s'
-                             % (exch_strategy, OUR_STRATEGIES))
         self.mpi_comm = comm
         self.comm = MPICommunicator(comm)
         self.sync_type, self.exch_strategy = sync_type, exch_strategy
         self.model = model
-        self.stepper = ContractStepper(model, self.comm, sync_type, resolve_options(model))
-        if self.comm.rank == 0 and exch_strategy != 'ar':
+        self.stepper = ContractStepper(model, self.comm, sync_type, options)
+        if self.comm.rank == 0 and exch_strategy != SERIAL:
             print('theanompi_ext: exch_strategy=%s inside Theano-MPI runs the serial '
                   'exchange (its worker calls exchange() after the whole iteration)'
                   % exch_strategy)

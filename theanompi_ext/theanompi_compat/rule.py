@@ -20,8 +20,7 @@ import os
 import subprocess
 import sys
 
-SYNC_TYPES = ('kn', 'avg', 'cdd')
-EXCH_STRATEGIES = ('ar', 'ar-overlap')
+from ..exchange.modes import check_mode
 
 
 def _model_source(modelfile):
@@ -101,13 +100,12 @@ def _child_env(options):
     return env
 
 
-def _check_wire_option(wire, sync_type):
-    """Refuse a bad ``wire_dtype`` option before any rank starts."""
+def check_exchange_options(sync_type, exch_strategy, wire):
+    """Refuse a bad rule, strategy or ``wire_dtype`` before any rank starts
+    (the one check of :func:`theanompi_ext.exchange.modes.check_mode`)."""
     from ..collective.wire import check_wire_dtype
     check_wire_dtype(wire)
-    if wire != 'float32' and sync_type != 'kn':
-        raise ValueError('wire_dtype %s exists only for sync_type kn (avg and cdd exchange '
-                         'parameters and momenta in float32)' % wire)
+    check_mode(sync_type, exch_strategy, wire)
 
 
 class BSP(object):
@@ -141,15 +139,9 @@ class BSP(object):
         pairs = parse_devices(devices)
         devices = [d for _, d in pairs]
         hosts = remote_hosts(pairs)
-        if self.sync_type not in SYNC_TYPES:
-            raise ValueError('unknown sync_type %r; choose from %s' % (self.sync_type, SYNC_TYPES))
-        if self.exch_strategy not in EXCH_STRATEGIES:
-            raise ValueError('unknown exch_strategy %r; choose from %s'
-                             % (self.exch_strategy, EXCH_STRATEGIES))
-        if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':
-            raise ValueError('exch_strategy ar-overlap exists only for sync_type kn')
+        check_exchange_options(self.sync_type, self.exch_strategy,
+                               options.get('wire_dtype', 'float32'))
         check_model(modelfile, modelclass)
-        _check_wire_option(options.get('wire_dtype', 'float32'), self.sync_type)
         env = _child_env(options)
         argv = [sys.executable, '-u', '-m', 'theanompi_ext.theanompi_compat.worker', modelfile,
                 modelclass, self.sync_type, self.exch_strategy, ','.join(devices)]

@@ -45,14 +45,14 @@ REFUSED_FLAGS = {'-b': 'core binding', '-bind': 'core binding',
                  '-s': 'a size (the number of ranks is the number of DEVICES)',
                  '--size': 'a size (the number of ranks is the number of DEVICES)'}
 ALIASES = {'bsp_sync_type': 'sync_type', 'bsp_exch_strategy': 'exch_strategy'}
-THEANOMPI_ONLY = {'nccl32': 'pygpu NCCL within one node', 'nccl16': 'pygpu NCCL in float16',
-                  'swap': 'parameter swapping'}
+# Session defaults: Theano-MPI's BSP exchanges after the whole backward pass.
+MODE_DEFAULTS = {'sync_type': 'kn', 'exch_strategy': 'ar'}
 
 
 def known_keys():
     """Lower-case keys a session file may use."""
     from .options import OPTION_DEFAULTS
-    return set(REQUIRED) | {'sync_type', 'exch_strategy'} | set(ALIASES) | set(OPTION_DEFAULTS)
+    return set(REQUIRED) | set(MODE_DEFAULTS) | set(ALIASES) | set(OPTION_DEFAULTS)
 
 
 def parse_args(argv):
@@ -137,21 +137,26 @@ def _merge(flags, values, path):
     return values
 
 
-def _choice(values, key, default, choices, path):
-    value = values.get(key, default)
-    if value in THEANOMPI_ONLY:
-        raise ValueError('%s: %s=%s is Theano-MPI\'s %s; theanompi_ext offers %s (run it in '
-                         'Theano-MPI itself, or choose one of ours)'
-                         % (path, key.upper(), value, THEANOMPI_ONLY[value], ', '.join(choices)))
-    if value not in choices:
-        raise ValueError('%s: %s=%s; choose from %s' % (path, key.upper(), value, choices))
-    return value
+def _exchange_mode(values, options, path):
+    """(sync_type, exch_strategy) of the session, refused as every entry point
+    refuses them (:func:`theanompi_ext.exchange.modes.check_mode`), the
+    session's key named in the message."""
+    from ..exchange.modes import ModeError
+    from .rule import check_exchange_options
+    mode = [values.get(key, default) for key, default in MODE_DEFAULTS.items()]
+    try:
+        check_exchange_options(*mode, wire=options.get('wire_dtype', 'float32'))
+    except ModeError as exc:
+        raise ValueError('%s: %s' % (path, exc.named(exc.option.upper())))
+    except ValueError as exc:
+        raise ValueError('%s: %s' % (path, exc))
+    return mode
 
 
 def session_from_file(path, flags=None):
     """Validated session settings from a config file and flags (ValueError naming the problem)."""
     from .options import OPTION_DEFAULTS
-    from .rule import SYNC_TYPES, EXCH_STRATEGIES, check_model
+    from .rule import check_model
     from ..launch.devices import parse_devices
     values = read_session_file(path, known_keys()) if path else {}
     path = path or 'the command line'
@@ -165,8 +170,6 @@ def session_from_file(path, flags=None):
             raise ValueError('%s: %s is an array; only DEVICES may be one' % (path, key.upper()))
     if values['rule'].upper() != 'BSP':
         raise ValueError('%s: RULE=%s is not supported (only BSP)' % (path, values['rule']))
-    sync_type = _choice(values, 'sync_type', 'kn', SYNC_TYPES, path)
-    exch = _choice(values, 'exch_strategy', 'ar', EXCH_STRATEGIES, path)
     try:
         parse_devices(values['devices'])
     except ValueError as exc:
@@ -180,6 +183,7 @@ def session_from_file(path, flags=None):
                 raise ValueError('%s: %s=%s is not a valid %s' % (
                     path, key.upper(), values[key], type(OPTION_DEFAULTS[key][0]).__name__))
             options[key] = values[key]
+    sync_type, exch = _exchange_mode(values, options, path)
     check_model(values['modelfile'], values['modelclass'])
     devices = values['devices']
     return dict(devices=[devices] if isinstance(devices, str) else list(devices),

@@ -28,14 +28,18 @@ gradient values. Decision (see ``docs/migrating-from-theano-mpi.md``):
   number as dividing the loss by kn).
 
 :class:`ContractStepper` then runs the flat exchange of this project on
-those gradients: ParamSet in ``flat_order``, :class:`KnSumExchanger`,
-:func:`make_rule` (``kn``, ``avg`` or ``cdd``) and :class:`Schedule`.
+those gradients, assembled as the trainer's is (:mod:`theanompi_ext.train.assemble`:
+ParamSet in ``flat_order``, the checks across ranks, :class:`KnSumExchanger`,
+:func:`make_rule` (``kn``, ``avg`` or ``cdd``) and :class:`Schedule`).
 It is shared by :mod:`theanompi_ext.theanompi_compat.worker` (our worker) and
 :mod:`theanompi_ext.theanompi_compat.exchanger` (inside Theano-MPI).
 """
+from types import SimpleNamespace
+
 import numpy as np
 
-from ..params import ParamSet
+from ..exchange.modes import OVERLAP, SERIAL
+from ..train.assemble import assemble_step, compile_in_turn, make_schedule
 from .graph import ContractGraph, GradientFunction
 from .options import resolve_options
 from .tags import contract_tags, layer_entries
@@ -44,6 +48,21 @@ from .tags import contract_tags, layer_entries
 class NonFiniteStep(FloatingPointError):
     """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
     all_ranks = True
+
+
+def contract_settings(opts, sync_type, overlap):
+    """The options of a contract run (:func:`~.options.resolve_options`) under
+    :class:`~theanompi_ext.train.config.TrainConfig`'s names, as
+    :mod:`theanompi_ext.train.assemble` reads them.
+
+    The model decays its own rate (``shared_lr``, see :meth:`ContractStepper.lr`):
+    our schedule has no decay epochs.
+    """
+    keys = ('exchange_bn', 'wire_dtype', 'bucket_cap_mb', 'first_bucket_cap_mb',
+            'weight_decay', 'momentum', 'momentum_form', 'nesterov', 'base_lr', 'ref_batch',
+            'warmup', 'warmup_epochs')
+    return SimpleNamespace(sync_type=sync_type, exch_strategy=OVERLAP if overlap else SERIAL,
+                           decay_epochs=(), decay_factor=1.0, **{k: opts[k] for k in keys})
 
 
 class ContractStepper(object):
@@ -55,38 +74,16 @@ class ContractStepper(object):
     """
 
     def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False):
-        from ..buckets.plan import flat_order, plan_buckets, check_plan_across_ranks
-        from ..exchange.knsum import KnSumExchanger
-        from ..exchange.rules import make_rule, SYNC_TYPES
-        from ..update.schedule import Schedule
-        from ..train.trainer import check_models_match, compile_in_turn
-        from types import SimpleNamespace
-        if sync_type not in SYNC_TYPES:
-            raise ValueError('unknown sync_type %r; choose from %s' % (sync_type, SYNC_TYPES))
         self.model, self.comm, self.sync_type = model, comm, sync_type
         self.opts = opts = options if options is not None else resolve_options(model)
         self.k = k = comm.size
-        tags = contract_tags(model)
-        order, n_exch_params = flat_order(tags, exchange_bn=opts['exchange_bn'])
+        self.overlap = bool(overlap)
+        settings = contract_settings(opts, sync_type, self.overlap)
         # Theano-MPI models reuse names ('W', 'b') in every layer: prefix the model index.
-        names = ['%03d_%s' % (i, model.params[i].name or 'param') for i in order]
-        self.order = order
-        self.params = ParamSet([model.params[i] for i in order], names)
-        self.params.tags = [tags[i] for i in order]
-        self.layout = self.params.layout
-        check_models_match(comm, self.layout)
-        self.n_exch = (self.layout.offsets[n_exch_params] if n_exch_params < len(self.layout)
-                       else self.layout.total)
-        self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
-                                    opts['bucket_cap_mb'], opts['first_bucket_cap_mb'])
-        check_plan_across_ranks(comm, self.buckets, self.layout, extra=(sync_type,))
-        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k,
-                                        wire=opts['wire_dtype'])
-        rule_opts = SimpleNamespace(weight_decay=opts['weight_decay'], momentum=opts['momentum'],
-                                    momentum_form=opts['momentum_form'],
-                                    nesterov=opts['nesterov'])
-        self.rule = make_rule(sync_type, comm, self.layout, n_exch_params, self.params.tags,
-                              self.exchanger, rule_opts)
+        names = ['%03d_%s' % (i, p.name or 'param') for i, p in enumerate(model.params)]
+        # order, params, layout, n_exch, buckets, exchanger, rule, ... (train/assemble.py)
+        assemble_step(comm, model.params, contract_tags(model), settings, k,
+                      names=names).install(self)
         from .feed import ModelFeed
         self.feed = ModelFeed(model, opts['batch_per_worker'],
                               outputs=[getattr(model, 'error', None)])
@@ -94,14 +91,10 @@ class ContractStepper(object):
         self.n_subb = self.feed.n_subb
         # One iteration is one sub-batch (Theano-MPI's worker loop).
         self.iters_per_epoch = int(model.data.n_batch_train) * self.n_subb
-        self.schedule = Schedule(opts['base_lr'], k * self.n, self.iters_per_epoch,
-                                 int(model.n_epochs), opts['ref_batch'], opts['warmup'],
-                                 opts['warmup_epochs'], decay_epochs=(), workers=k)
+        self.schedule = make_schedule(settings, k * self.n, self.iters_per_epoch,
+                                      int(model.n_epochs), workers=k)
         # Overlap: our chunked backward on the model's own graph, each bucket
         # started as soon as its gradients are final (needs model.tmx_layers).
-        self.overlap = bool(overlap)
-        if self.overlap and sync_type != 'kn':
-            raise ValueError('overlap exists only for sync_type kn, not %r' % sync_type)
         if self.overlap:
             from ..backward.chunked import ChunkedBackward
             self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
@@ -109,8 +102,8 @@ class ContractStepper(object):
                 graph=ContractGraph(model, 1.0 / k, feed=self.feed)))
             self.gradfn = None
         else:
-            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, order, self.feed))
-        self.grads = np.zeros(self.layout.total, np.float32)
+            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, self.order,
+                                                                         self.feed))
         self.master = self.params.values.copy()
         self._stats = np.zeros(2, np.float32)
         self.iteration = 0

@@ -1,4 +1,8 @@
-"""Theano-MPI ``exch_strategy`` names -> collective backends, and an automatic choice.
+"""Theano-MPI's ``exch_strategy`` names (a backend each) -> our communicators, and an automatic choice.
+
+Theano-MPI's ``exch_strategy`` names the transport; ours (``ar``,
+``ar-overlap``) says when the gradients travel. Both vocabularies live in
+:mod:`theanompi_ext.exchange.modes`.
 
 ==============  ===========  ==============================================
 exch_strategy   backend      notes
@@ -16,35 +20,9 @@ is the separate option ``wire_dtype`` (``float16``/``bfloat16``, see
 NCCL's native half/bfloat16 sums over NCCL.
 """
 from ..collective.nccl_lib import INSTALL_HINT, NCCLUnavailable
-
-EXCH_STRATEGIES = {'ar': 'mpi', 'nccl32': 'nccl'}
-
-_REFUSED = {
-    'nccl16': "exch_strategy 'nccl16' (fp16-compressed NCCL allreduce) is not "
-              "implemented as a strategy; use 'nccl32' with the option "
-              "wire_dtype='float16' (NCCL's half sum), or 'ar' (MPI)",
-    'asa32': "exch_strategy 'asa32' (alltoall-sum-allgather over CUDA-aware MPI) is not "
-             "implemented; use 'nccl32' for GPU buffers or 'ar' for host buffers",
-    'asa16': "exch_strategy 'asa16' (fp16 alltoall-sum-allgather) is not implemented as "
-             "a strategy; use 'ar' with the option wire_dtype='float16' (host buffers: "
-             "alltoall, float32 sum, allgather) or 'nccl32'",
-}
-
-
-def backend_for_strategy(exch_strategy):
-    """Backend name ('mpi', 'nccl') for a Theano-MPI ``exch_strategy``.
-
-    Raises ``NotImplementedError`` for known strategies this package does
-    not implement (``nccl16``, ``asa32``, ``asa16``) and ``ValueError`` for
-    unknown names.
-    """
-    key = str(exch_strategy).lower()
-    if key in EXCH_STRATEGIES:
-        return EXCH_STRATEGIES[key]
-    if key in _REFUSED:
-        raise NotImplementedError(_REFUSED[key])
-    raise ValueError('unknown exch_strategy %r; choose from %s'
-                     % (exch_strategy, sorted(EXCH_STRATEGIES)))
+# Theano-MPI's exch_strategy names a backend ('ar': MPI); its table and its
+# check live with our own vocabulary (when to send) in exchange/modes.py.
+from ..exchange.modes import theanompi_backend as backend_for_strategy  # noqa: F401
 
 
 def choose_backend(buf=None, probe=None):

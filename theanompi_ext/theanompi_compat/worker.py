@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from ..exchange.modes import OVERLAP, SERIAL, check_mode
+
 
 def import_model_class(modelfile, modelclass):
     """The class ``modelclass`` from a dotted module name or a ``.py`` path."""
@@ -86,30 +88,29 @@ AVG_NOTE = ('theanompi_ext: note: the model\'s own train function did not move i
             'docs/migrating-from-theano-mpi.md, "avg")')
 
 
-def choose_mode(model, exch_strategy, sync_type='kn'):
+def choose_mode(model, exch_strategy):
     """(mode, reason): the exchange actually used for a contract model.
 
-    ``ar-overlap`` needs the model's layer sequence (``model.tmx_layers``,
-    see :func:`theanompi_ext.theanompi_compat.tags.layer_entries`) to cut its backward
-    pass into chunks; without it the serial exchange is used, and the
-    reason says how to enable overlap.
+    ``exch_strategy`` has passed :func:`theanompi_ext.exchange.modes.check_mode`
+    (so ``ar-overlap`` comes with ``kn``). ``ar-overlap`` needs the model's
+    layer sequence (``model.tmx_layers``, see
+    :func:`theanompi_ext.theanompi_compat.tags.layer_entries`) to cut its
+    backward pass into chunks; without it the serial exchange is used, and
+    the reason says how to enable overlap.
     """
-    if exch_strategy == 'ar':
-        return 'ar', 'serial exchange after the whole backward pass (exch_strategy=ar)'
+    if exch_strategy == SERIAL:
+        return SERIAL, 'serial exchange after the whole backward pass (exch_strategy=ar)'
     from .tags import layer_entries
     layers = layer_entries(model)
     if layers is None:
-        return 'ar', ('exch_strategy=%s asked for overlap, but the model does not list its '
-                      'layers (optional attribute model.tmx_layers: the top-level layers in '
-                      'forward order, each with .output and .params), so its gradients come '
-                      'from one Theano function (model.grads) and no bucket is ready before '
-                      'backprop ends: using the serial exchange' % exch_strategy)
-    if sync_type != 'kn':
-        return 'ar', ('exch_strategy=%s: overlap exists only for sync_type kn, not %s: '
-                      'using the serial exchange' % (exch_strategy, sync_type))
-    return 'ar-overlap', ('per-bucket allreduce during a chunked backward pass over the %d '
-                          'layers of model.tmx_layers (exch_strategy=%s)'
-                          % (len(layers), exch_strategy))
+        return SERIAL, ('exch_strategy=%s asked for overlap, but the model does not list its '
+                        'layers (optional attribute model.tmx_layers: the top-level layers in '
+                        'forward order, each with .output and .params), so its gradients come '
+                        'from one Theano function (model.grads) and no bucket is ready before '
+                        'backprop ends: using the serial exchange' % exch_strategy)
+    return OVERLAP, ('per-bucket allreduce during a chunked backward pass over the %d '
+                     'layers of model.tmx_layers (exch_strategy=%s)'
+                     % (len(layers), exch_strategy))
 
 
 def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
@@ -117,8 +118,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     from ..collective import create_communicator
     from .stepper import ContractStepper
     from .options import resolve_options
-    from ..train.trainer import compile_in_turn
+    from ..train.assemble import compile_in_turn
     from .outputs import write_record, snapshot_due, save_snapshot
+    check_mode(sync_type, exch_strategy)     # before any rank waits on another
     own_comm = comm is None
     comm = comm or create_communicator('auto')
     rank, size = comm.rank, comm.size
@@ -141,9 +143,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     # Rank 0 fills the compile cache first; the others then only load from it.
     model = compile_in_turn(comm, build)
     opts = resolve_options(model)
-    mode, why = choose_mode(model, exch_strategy, sync_type)
+    mode, why = choose_mode(model, exch_strategy)
     stepper = ContractStepper(model, comm, sync_type, opts, log=log,
-                              overlap=(mode == 'ar-overlap'))
+                              overlap=(mode == OVERLAP))
     hook = getattr(model, 'load_train_batch', None)
     n, n_subb = stepper.n, stepper.n_subb
     log('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '

@@ -116,6 +116,7 @@ def register(sub):
                        help='k ranks vs one process on the same kn examples')
     from .options import ModelNames
     from ..collective.wire import WIRE_DTYPES
+    from ..exchange.modes import EXCH_STRATEGIES
     p.add_argument('--workers', type=int, default=2, metavar='K',
                    help='k, ranks of the distributed run (default %(default)s)')
     p.add_argument('--steps', type=int, default=30, metavar='N',
@@ -134,7 +135,7 @@ def register(sub):
     p.add_argument('--subset', type=int, default=256, metavar='N',
                    help='training examples used, the first N of the digits '
                         '(default %(default)s)')
-    p.add_argument('--exch-strategy', default='ar', choices=['ar', 'ar-overlap'],
+    p.add_argument('--exch-strategy', default='ar', choices=EXCH_STRATEGIES,
                    help='how the distributed run exchanges, one of %(choices)s: one '
                         'allreduce after the backward, or buckets during it (default '
                         '%(default)s)')

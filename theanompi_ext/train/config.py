@@ -7,8 +7,7 @@ from ..update.schedule import WARMUPS
 from ..update.momentum import FORMS
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..collective.wire import WIRE_DTYPES
-
-EXCH_STRATEGIES = ('ar', 'ar-overlap')
+from ..exchange.modes import EXCH_STRATEGIES, check_mode, default_strategy  # noqa: F401
 
 
 @dataclass
@@ -57,8 +56,33 @@ class TrainConfig(object):
     extra: dict = field(default_factory=dict)
 
     def validate(self):
-        """Raise ValueError naming the first bad option."""
-        from ..exchange.rules import SYNC_TYPES
+        """Raise ValueError naming the first bad option; return a checked, normalised copy.
+
+        This object is left as it is: use the returned one (see :meth:`normalised`).
+        """
+        cfg = self.normalised()
+        cfg._check()
+        return cfg
+
+    def normalised(self):
+        """A copy with the defaults that depend on other options filled in
+        (``exch_strategy``), ``decay_epochs`` a tuple and ``device`` in its
+        canonical spelling; nothing is checked here (:meth:`validate` does)."""
+        from ..devices import parse_device_list
+        cfg = dataclasses.replace(self)
+        if cfg.exch_strategy == '':
+            # The default: overlap wherever it exists (the old rules
+            # exchange parameters or momenta after the local step).
+            cfg.exch_strategy = default_strategy(cfg.sync_type)
+        if isinstance(cfg.decay_epochs, list):
+            cfg.decay_epochs = tuple(cfg.decay_epochs)
+        try:
+            cfg.device = ','.join(parse_device_list(cfg.device))
+        except ValueError:
+            pass            # left as given: _check names it
+        return cfg
+
+    def _check(self):
         def bad(name, why):
             raise ValueError('invalid option %s=%r: %s' % (name, getattr(self, name), why))
         for f in fields(self):
@@ -84,25 +108,11 @@ class TrainConfig(object):
             bad('momentum', 'must be in [0, 1)')
         if self.weight_decay < 0:
             bad('weight_decay', 'must be >= 0')
-        if self.sync_type not in SYNC_TYPES:
-            bad('sync_type', 'choose from %s' % (SYNC_TYPES,))
-        if self.exch_strategy == '':
-            # The default: overlap wherever it exists (the old rules
-            # exchange parameters or momenta after the local step).
-            self.exch_strategy = 'ar-overlap' if self.sync_type == 'kn' else 'ar'
-        if self.exch_strategy not in EXCH_STRATEGIES:
-            bad('exch_strategy', 'choose from %s' % (EXCH_STRATEGIES,))
-        if self.exch_strategy == 'ar-overlap' and self.sync_type != 'kn':
-            bad('exch_strategy', 'overlap exists only for sync_type=kn')
         if self.wire_dtype not in WIRE_DTYPES:
             bad('wire_dtype', 'choose from %s' % (WIRE_DTYPES,))
-        if self.wire_dtype != 'float32' and self.sync_type != 'kn':
-            bad('wire_dtype', "a 16-bit wire exists only for sync_type=kn's gradient sums "
-                "(avg and cdd exchange parameters and momenta in float32)")
+        check_mode(self.sync_type, self.exch_strategy, self.wire_dtype)
         if not 0 < self.decay_factor <= 1:
             bad('decay_factor', 'must be in (0, 1]')
-        if isinstance(self.decay_epochs, list):
-            self.decay_epochs = tuple(self.decay_epochs)
         d = self.decay_epochs
         if not isinstance(d, tuple) or any(
                 not isinstance(e, int) or isinstance(e, bool) or e < 1 for e in d) \
@@ -130,7 +140,7 @@ class TrainConfig(object):
         from ..devices import parse_device_list
         from .device_step import EXCHANGE_PATHS
         try:
-            self.device = ','.join(parse_device_list(self.device))
+            parse_device_list(self.device)
         except ValueError as exc:
             bad('device', str(exc))
         if self.exchange_path not in EXCHANGE_PATHS:
@@ -140,7 +150,6 @@ class TrainConfig(object):
         if self.resume and self.overwrite:
             bad('overwrite', '--resume continues the run in --out, --overwrite replaces it: '
                 'choose one')
-        return self
 
     def to_dict(self):
         """Plain dict (JSON-able)."""

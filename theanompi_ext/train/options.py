@@ -140,10 +140,10 @@ class ModelNames(object):
 
 
 def _choices():
-    from ..exchange.rules import SYNC_TYPES
+    from ..exchange.modes import SYNC_TYPES, EXCH_STRATEGIES
     from ..update.momentum import FORMS
     from ..update.schedule import WARMUPS
-    from .config import EXCH_STRATEGIES, WIRE_DTYPES
+    from .config import WIRE_DTYPES
     from .device_step import EXCHANGE_PATHS
     return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
@@ -221,7 +221,14 @@ def _add_field(group, f, choices):
 def _one_of(name, choices):
     """argparse type of a field with a fixed set of values: the error names the
     field as the config file and validation do (``invalid option warmup='x'``)."""
+    from ..exchange import modes
+
     def check(text):
+        if name in modes.CHOICES:   # the exchange's vocabulary: its words, as everywhere
+            try:
+                return modes.check_choice(name, text)
+            except modes.ModeError as exc:
+                raise argparse.ArgumentTypeError(str(exc))
         if text not in choices:
             raise argparse.ArgumentTypeError('invalid option %s=%r: choose from %s'
                                              % (name, text, ', '.join(choices)))

@@ -12,7 +12,7 @@ is the one formatter. A feature with something to say about the run adds a
 import os
 from dataclasses import dataclass, field
 
-from ..buckets.plan import flat_order, plan_buckets
+from ..buckets.plan import exchanged_entries, flat_order, plan_buckets
 from ..update.schedule import Schedule
 
 FORMS_TEXT = {
@@ -107,7 +107,7 @@ def make_plan(cfg, workers, n_train, param_sizes, n_exch_params, layer_counts,
         total = min(total, cfg.max_steps)
     sched = Schedule(cfg.base_lr, k * n, ipe, cfg.epochs, cfg.ref_batch, cfg.warmup,
                      cfg.warmup_epochs, cfg.decay_epochs, cfg.decay_factor, workers=k)
-    n_exch = int(sum(param_sizes[:n_exch_params]))
+    n_exch = exchanged_entries(param_sizes, n_exch_params)
     if cfg.sync_type == 'kn':
         buckets = len(plan_buckets(list(param_sizes), n_exch_params, cfg.bucket_cap_mb,
                                    cfg.first_bucket_cap_mb))
@@ -151,7 +151,7 @@ def resolve_plan(cfg, workers):
     model (Theano graphs, nothing compiled) to count examples and parameters."""
     from ..model import build_model
     from .worker import load_dataset
-    cfg.validate()
+    cfg = cfg.validate()
     data = load_dataset(cfg)
     net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,
                       **cfg.extra.get('model_kw', {}))

@@ -10,50 +10,20 @@ import time
 
 import numpy as np
 
-from ..params import ParamSet, tags_of
-from ..buckets.plan import flat_order, plan_buckets, check_plan_across_ranks
-from ..exchange.knsum import KnSumExchanger
-from ..exchange.rules import make_rule
-from ..update.schedule import Schedule
+from ..params import tags_of
 from ..data import shards
 from ..collective.watchdog import watch
 from ..engine import on_device
+from ..exchange.modes import OVERLAP
 from . import faults, replicas
+# RankMismatchError, check_models_match and compile_in_turn are also read from here.
+from .assemble import (RankMismatchError, assemble_step, check_models_match,  # noqa: F401
+                       compile_in_turn, make_schedule)
 
 
 class NonFiniteLoss(FloatingPointError):
     """The summed loss became NaN or infinite; training stopped (on every rank)."""
     all_ranks = True
-
-
-class RankMismatchError(ValueError):
-    """Ranks disagree on the model or the exchange plan (raised on every rank)."""
-    all_ranks = True
-
-
-def check_models_match(comm, layout):
-    """Refuse to train unless every rank has the same parameter names/shapes/dtypes."""
-    sigs = comm.allgather(layout.signature())
-    for r, s in enumerate(sigs):
-        if s != sigs[0]:
-            from ..params import ParamLayout
-            ref = ParamLayout([(n, sh, dt) for n, sh, dt in sigs[0]])
-            raise RankMismatchError('the model on rank %d differs from rank 0: %s'
-                             % (r, ref.describe_difference(s)))
-
-
-def compile_in_turn(comm, build):
-    """Rank 0 compiles first; the others then find the shared cache warm
-    instead of queueing on its lock one by one. On a device every rank builds
-    at once: there the time goes into building device kernels per process."""
-    if on_device():
-        return build()
-    if comm.rank == 0:
-        out = build()
-    comm.barrier()
-    if comm.rank != 0:
-        out = build()
-    return out
 
 
 class Trainer(object):
@@ -64,7 +34,7 @@ class Trainer(object):
     """
 
     def __init__(self, net, dataset, cfg, comm, bn_groups=1, log=print):
-        cfg.validate()
+        cfg = cfg.validate()      # a checked copy: the caller's cfg stays as it is
         # Waits inside a step are bounded and reported (docs/faults.md).
         comm = watch(comm, cfg.collective_timeout_s, cfg.stall_warn_s)
         self.net, self.data, self.cfg, self.comm = net, dataset, cfg, comm
@@ -76,35 +46,17 @@ class Trainer(object):
         self.local_batch = n * bn_groups
         self.total_batch = k * self.local_batch
         params = net.params
-        order, n_exch_params = flat_order([tags_of(p) for p in params],
-                                          exchange_bn=cfg.exchange_bn)
-        self.params = ParamSet([params[i] for i in order], [params[i].name for i in order])
-        self.layout = self.params.layout
-        check_models_match(comm, self.layout)
-        self.n_exch_params = n_exch_params
-        self.n_exch = self.layout.offsets[n_exch_params] if n_exch_params < len(self.layout) \
-            else self.layout.total
-        self.grads = np.zeros(self.layout.total, np.float32)
-        self.buckets = plan_buckets(self.layout.sizes, n_exch_params,
-                                    cfg.bucket_cap_mb, cfg.first_bucket_cap_mb)
-        try:
-            check_plan_across_ranks(comm, self.buckets, self.layout,
-                                    extra=(cfg.sync_type, cfg.exch_strategy, cfg.exchange_bn))
-        except ValueError as exc:
-            raise RankMismatchError(str(exc))
+        # params, layout, n_exch, buckets, exchanger, rule, ... (train/assemble.py)
+        assemble_step(comm, params, [tags_of(p) for p in params], cfg, k * bn_groups,
+                      names=[p.name for p in params]).install(self)
         self.backward = compile_in_turn(comm, lambda: self._build_backward(bn_groups))
-        self.exchanger = KnSumExchanger(comm, self.buckets, self.n_exch, local_scale=k * bn_groups,
-                                        wire=cfg.wire_dtype)
-        self.rule = make_rule(cfg.sync_type, comm, self.layout, n_exch_params,
-                              self.params.tags, self.exchanger, cfg)
         self.exchange_path = 'host MPI'
         if on_device():
             from .device_step import install      # device buffers, same interfaces
             install(self, cfg.exchange_path)
         self.iters_per_epoch = shards.iterations_per_epoch(len(dataset.y_train), k * bn_groups, n)
-        self.schedule = Schedule(cfg.base_lr, self.total_batch, self.iters_per_epoch, cfg.epochs,
-                                 cfg.ref_batch, cfg.warmup, cfg.warmup_epochs, cfg.decay_epochs,
-                                 cfg.decay_factor, workers=k * bn_groups)
+        self.schedule = make_schedule(cfg, self.total_batch, self.iters_per_epoch, cfg.epochs,
+                                      workers=k * bn_groups)
         self.iteration = 0
         self.timeline = self.make_timeline() if cfg.timeline else None
         self._stats = np.zeros(3, np.float32)
@@ -126,7 +78,7 @@ class Trainer(object):
     def _build_backward(self, bn_groups):
         from ..backward.monolithic import MonolithicBackward
         scale = 1.0 / self.total_batch
-        if self.cfg.exch_strategy == 'ar-overlap':
+        if self.cfg.exch_strategy == OVERLAP:
             from ..backward.chunked import ChunkedBackward
             return ChunkedBackward(self.net, self.params.vars, scale, bn_groups,
                                    device_io=on_device())
@@ -146,7 +98,7 @@ class Trainer(object):
         t_begin = clock()
         self.comm.arm(self.iteration)
         lr = self.schedule.lr(self.iteration)
-        overlapped = self.cfg.exch_strategy == 'ar-overlap'
+        overlapped = self.cfg.exch_strategy == OVERLAP
         on_chunk = self.exchanger.chunk_hook(self.grads) if overlapped else None
         loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
         t_backward = clock()

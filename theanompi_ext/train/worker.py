@@ -31,7 +31,7 @@ def run(cfg, comm=None, log=print):
     """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
     from ..collective import create_communicator
     from ..devices import open_on_every_rank
-    cfg.validate()
+    cfg = cfg.validate()
     comm = comm or create_communicator('auto')
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
     if dev != 'cpu':
