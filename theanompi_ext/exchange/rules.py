@@ -93,10 +93,11 @@ class CddRule(object):
 def make_rule(sync_type, comm, layout, n_exch_params, tags, exchanger, opts):
     """Build the rule for ``sync_type`` over a flat layout.
 
-    ``opts`` is a :class:`~theanompi_ext.train.config.TrainConfig`.
+    ``opts`` is a :class:`~theanompi_ext.train.config.TrainConfig` (or the contract
+    settings of :func:`theanompi_ext.theanompi_compat.stepper.contract_settings`).
     """
     from ..update.policy import decay_vector
-    check_choice('sync_type', sync_type)
+    check_choice('sync_type', sync_type)        # kn, avg or cdd (exchange/modes.py)
     n_exch = exchanged_entries(layout.sizes, n_exch_params)
     decay = decay_vector(layout, tags, opts.weight_decay)
     k = comm.size
@@ -106,12 +107,11 @@ def make_rule(sync_type, comm, layout, n_exch_params, tags, exchanger, opts):
     if sync_type == 'avg':
         return AvgRule(comm, n_exch, Optimizer(layout.total, opts.momentum, 'eq9',
                                                opts.nesterov, decay), k)
-    if sync_type == 'cdd':
-        lr_mult = np.ones(layout.total, np.float32)
-        lr_mult[layout.mask([i for i, t in enumerate(tags) if 'bias' in t]) > 0] = 2.0
-        # Theano-MPI decays only 'W'-type params (not biases, not BN).
-        wmask = layout.mask([i for i, t in enumerate(tags)
-                             if 'bias' not in t and 'bn_affine' not in t])
-        return CddRule(comm, n_exch, layout.total, opts.momentum,
-                       wmask * np.float32(opts.weight_decay), lr_mult, k)
-    raise AssertionError('sync_type %r is in modes.SYNC_TYPES but has no rule' % sync_type)
+    # cdd
+    lr_mult = np.ones(layout.total, np.float32)
+    lr_mult[layout.mask([i for i, t in enumerate(tags) if 'bias' in t]) > 0] = 2.0
+    # Theano-MPI decays only 'W'-type params (not biases, not BN).
+    wmask = layout.mask([i for i, t in enumerate(tags)
+                         if 'bias' not in t and 'bn_affine' not in t])
+    return CddRule(comm, n_exch, layout.total, opts.momentum,
+                   wmask * np.float32(opts.weight_decay), lr_mult, k)

@@ -26,7 +26,6 @@ from collections import namedtuple
 import numpy as np
 
 from ..buckets.plan import check_plan_across_ranks, exchanged_entries, flat_order, plan_buckets
-from ..engine import on_device
 from ..exchange.knsum import KnSumExchanger
 from ..exchange.modes import check_mode
 from ..exchange.rules import make_rule
@@ -66,6 +65,7 @@ def compile_in_turn(comm, build):
     """Rank 0 compiles first; the others then find the shared cache warm
     instead of queueing on its lock one by one. On a device every rank builds
     at once: there the time goes into building device kernels per process."""
+    from ..engine import on_device      # imports Theano: only once a model is built
     if on_device():
         return build()
     if comm.rank == 0:

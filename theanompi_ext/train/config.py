@@ -7,7 +7,7 @@ from ..update.schedule import WARMUPS
 from ..update.momentum import FORMS
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..collective.wire import WIRE_DTYPES
-from ..exchange.modes import EXCH_STRATEGIES, check_mode, default_strategy  # noqa: F401
+from ..exchange.modes import check_mode, default_strategy
 
 
 @dataclass
