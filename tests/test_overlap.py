@@ -206,11 +206,13 @@ def test_overlapped_equals_serial_4_ranks(mpirun, tmp_path):
         np.testing.assert_allclose(v, finals[0], rtol=1e-5, atol=1e-6)
 
 
-def test_bucket_plans_that_differ_are_refused_on_every_rank(mpirun):
-    res = mpirun(2, 'run_overlap.py', 'mismatch', env={'OVERLAP_TEST_CAPS': '4,0.001'},
+@pytest.mark.parametrize('k', [2, 3])
+def test_bucket_plans_that_differ_are_refused_on_every_rank(mpirun, k):
+    caps = ','.join(['4'] * (k - 1) + ['0.001'])          # the last rank plans other buckets
+    res = mpirun(k, 'run_overlap.py', 'mismatch', env={'OVERLAP_TEST_CAPS': caps},
                  timeout=120)
     assert res.returncode != 0
-    for rank in (0, 1):
+    for rank in range(k):
         assert 'rank %d refused: bucket plans differ across ranks' % rank in res.stderr, \
             res.stderr
 
