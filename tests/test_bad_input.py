@@ -82,16 +82,20 @@ def test_config_file_unknown_key_named(tmp_path):
     assert r.returncode == 2 and 'LEARNING_RATE' in r.stderr and 'line 2' in r.stderr
 
 
-def test_models_that_differ_across_ranks_are_detected(mpirun, tmp_path):
+@pytest.mark.parametrize('k', [2, 3])
+def test_models_that_differ_across_ranks_are_detected(mpirun, tmp_path, k):
+    # The last rank builds a wider hidden layer than the others.
     cfg = dict(model='mlp', epochs=2, warmup='none', quiet=True, batch_per_worker=8,
                extra={'train_subset': 64, 'model_kw': {'hidden': [16]}})
     (tmp_path / 'cfg.json').write_text(json.dumps(cfg))
-    over = {'1': {'extra': {'train_subset': 64, 'model_kw': {'hidden': [17]}}}}
+    over = {str(k - 1): {'extra': {'train_subset': 64, 'model_kw': {'hidden': [17]}}}}
     (tmp_path / 'over.json').write_text(json.dumps(over))
-    res = mpirun(2, 'run_train.py', tmp_path / 'cfg.json', tmp_path, tmp_path / 'over.json',
+    res = mpirun(k, 'run_train.py', tmp_path / 'cfg.json', tmp_path, tmp_path / 'over.json',
                  timeout=200)
-    assert res.returncode != 0
-    assert 'differs from rank 0' in res.stderr and '(16, 10)' in res.stderr \
+    # docs/faults.md: ranks given different models are bad input, status 2
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert 'the model on rank %d differs from rank 0' % (k - 1) in res.stderr \
+        and '(16, 10)' in res.stderr \
         and '(17, 10)' in res.stderr
     assert not (tmp_path / 'rank0.npz').exists()        # no step was taken
 
@@ -99,7 +103,8 @@ def test_models_that_differ_across_ranks_are_detected(mpirun, tmp_path):
 @pytest.mark.parametrize('ranks', [1, 2])
 def test_non_finite_loss_stops_with_iteration(mpirun, ranks):
     res = mpirun(ranks, 'run_nonfinite.py', timeout=200)
-    assert res.returncode != 0
+    # docs/faults.md: a non-finite loss is a failed training, status 3
+    assert res.returncode == 3, res.stderr[-3000:]
     assert 'non-finite loss' in res.stderr and 'at iteration' in res.stderr
 
 

@@ -2,8 +2,9 @@
 
 A model written only to Theano-MPI's contract (tests/dropin/digits_contract.py,
 plain Theano, no theanompi_ext layers) trains a few steps on 2 real MPI
-ranks; every route must give the parameters of a numpy single-process
-reference of kn-sum SGD on the same global batches.
+ranks (the session launcher with overlap also on 3); every route must give
+the parameters of a numpy single-process reference of kn-sum SGD on the
+same global batches, its learning rate computed by hand (tests/sgd_reference.py).
 """
 import json
 import os
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, mpiexec
+from sgd_reference import goyal_lr, momentum_step
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 FAKE = os.path.join(ROOT, 'tests', 'fake_theanompi')
@@ -29,19 +31,19 @@ def env_with(*paths):
     return env
 
 
-def reference(steps):
-    """numpy float64: kn-mean gradient, decay on every param, eq. (9), gradual warm-up."""
-    from theanompi_ext.update.schedule import Schedule
+def reference(steps, k=K):
+    """numpy float64 at k ranks: kn-mean gradient, decay on every param, eq. (9),
+    linear scaling from the model's base_lr 0.05 at its batch, gradual warm-up
+    over the first epoch."""
     import digits_contract as dc
     X, Y = dc.load_digits_arrays()
     X, Y = X[:dc.N_TRAIN].astype(np.float64), Y[:dc.N_TRAIN]
     W1, b1, W2, b2 = [p.astype(np.float64) for p in dc.init_params()]
     u = [np.zeros_like(p) for p in (W1, b1, W2, b2)]
-    kn = K * dc.BATCH
-    sched = Schedule(0.05, kn, dc.N_TRAIN // kn, 2, ref_batch=dc.BATCH, warmup='gradual',
-                     warmup_epochs=1.0, decay_epochs=(), workers=K)
+    kn = k * dc.BATCH
+    per_epoch = dc.N_TRAIN // kn
     for it in range(steps):
-        b = it % (dc.N_TRAIN // kn)             # epoch 2 starts over
+        b = it % per_epoch                      # epoch 2 starts over
         x, y = X[b * kn:(b + 1) * kn], Y[b * kn:(b + 1) * kn]
         h = np.tanh(x @ W1 + b1)
         z = h @ W2 + b2
@@ -53,11 +55,8 @@ def reference(steps):
         gW2, gb2 = h.T @ dz, dz.sum(0)
         dh = (dz @ W2.T) * (1 - h ** 2)
         gW1, gb1 = x.T @ dh, dh.sum(0)
-        lr = sched.lr(it)
-        for w, v, g in zip((W1, b1, W2, b2), u, (gW1, gb1, gW2, gb2)):
-            v *= 0.9
-            v += g + 1e-3 * w
-            w -= lr * v
+        lr = goyal_lr(it, 0.05, kn, dc.BATCH, warmup_iters=per_epoch)
+        momentum_step((W1, b1, W2, b2), u, (gW1, gb1, gW2, gb2), lr, 0.9, 1e-3)
     return [W1, b1, W2, b2]
 
 
@@ -174,6 +173,30 @@ def test_tmlauncher_matches_reference(tmp_path, ref6):
     assert 'exchange mode ar:' in res.stdout and 'ar-overlap asked for overlap' in res.stdout
     assert 'model.tmx_layers' in res.stdout      # ... and how to enable it
     assert_matches(load_npz(str(tmp_path / 'out')), ref6)
+
+
+def test_tmlauncher_overlap_on_3_ranks_matches_reference(tmp_path):
+    # The default exchange (ar-overlap) of the model that lists its layers, on 3 ranks:
+    # kn = 48, 33 iterations per epoch, so the 6 steps are all inside the warm-up.
+    cfg = tmp_path / 'session.cfg'
+    cfg.write_text('RULE=BSP\nMODELFILE=digits_contract\nMODELCLASS=DigitsMLPLayered\n'
+                   'DEVICES=cpu0,cpu1,cpu2\nSYNC_TYPE=kn\nEXCH_STRATEGY=ar-overlap\n'
+                   'MAX_STEPS=6\nOUT=%s\n' % (tmp_path / 'out'))
+    res = run_launcher(['-cfg=%s' % cfg], cwd=DROPIN)
+    assert res.returncode == 0, res.stderr
+    assert 'exchange mode ar-overlap: per-bucket allreduce during a chunked backward pass ' \
+        'over the 2 layers' in res.stdout
+    assert_matches(load_npz(str(tmp_path / 'out')), reference(6, k=3))
+    summary = json.load(open(str(tmp_path / 'out' / 'summary.json')))
+    assert summary['iterations'] == 6 and summary['mode'] == 'ar-overlap'
+
+
+def test_reference_learning_rate_by_hand():
+    # base 0.05 at batch 16; k = 2: target 0.1 after 50 iterations, k = 3: 0.15 after 33
+    assert goyal_lr(0, 0.05, 32, 16, 50) == pytest.approx(0.05)
+    assert goyal_lr(25, 0.05, 32, 16, 50) == pytest.approx(0.075)
+    assert goyal_lr(50, 0.05, 32, 16, 50) == pytest.approx(0.1)
+    assert goyal_lr(11, 0.05, 48, 16, 33) == pytest.approx(0.05 + 0.1 / 3)
 
 
 @pytest.mark.parametrize('line,needle', [('COLOUR=blue', "line 6: unknown key 'COLOUR'"),

@@ -19,6 +19,7 @@ import pytest
 
 import theanompi_ext.engine  # noqa: F401  (this process imports tmzoo, which imports Theano)
 from conftest import ROOT, mpiexec
+from sgd_reference import goyal_lr, momentum_step
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 FAKE = os.path.join(ROOT, 'tests', 'fake_theanompi')
@@ -28,8 +29,8 @@ TIMEOUT = 240
 
 
 def reference(model):
-    """numpy float64 kn-sum SGD (eq. 9 momentum, decay on every param, gradual warm-up)."""
-    from theanompi_ext.update.schedule import Schedule
+    """numpy float64 kn-sum SGD (eq. 9 momentum, decay on every param, linear scaling
+    and a gradual warm-up over the first half of training, by hand)."""
     from tmzoo import subbatch as sb
     cifar = model.startswith('Cifar10Like')
     X, Y = sb.load_digits_c01b()
@@ -41,9 +42,7 @@ def reference(model):
     n_subb = sb.file_batch_size // sb.batch_size
     per_epoch = sb.N_BATCH_TRAIN * n_subb
     kn = K * sb.batch_size
-    sched = Schedule(sb.learning_rate, kn, per_epoch, sb.n_epochs, ref_batch=sb.batch_size,
-                     warmup='gradual', warmup_epochs=sb.n_epochs / 2.0, decay_epochs=(),
-                     workers=K)
+    warmup_iters = per_epoch * sb.n_epochs // 2
     it = 0
     for _ in range(sb.n_epochs):
         for i in range(sb.N_BATCH_TRAIN):
@@ -54,11 +53,8 @@ def reference(model):
                     c = sb.CROP
                     x = (x - mean)[:, :, c:c + side, c:c + side]
                 grads = _grads(params, x, y)
-                lr = sched.lr(it)
-                for w, v, g in zip(params, vel, grads):
-                    v *= sb.momentum
-                    v += g + sb.weight_decay * w
-                    w -= lr * v
+                lr = goyal_lr(it, sb.learning_rate, kn, sb.batch_size, warmup_iters)
+                momentum_step(params, vel, grads, lr, sb.momentum, sb.weight_decay)
                 it += 1
     return params, it
 

@@ -1,27 +1,34 @@
-"""kn, avg and cdd at 2 real MPI ranks against hand-computed numbers.
+"""kn, avg and cdd on 2, 3 and 4 real MPI ranks against hand-computed numbers.
 
-Layout [W0, W1 | b | gamma]; kn-normalised gradients per rank are
-rank0 [0.1, 0.2, 0.3, 0.4], rank1 [0.3, 0.0, -0.1, 0.2]; lr 0.1,
-momentum 0.9, weight decay 0.01; two steps with the same gradients.
-The expected values are computed element by element in plain Python.
+Layout [W0, W1 | b | gamma]; the kn-normalised gradient of rank r is
+BASE + r * DELTA (rank0 [0.1, 0.2, 0.3, 0.4], rank1 [0.3, 0.0, -0.1, 0.2],
+rank2 [0.5, -0.2, -0.5, 0.0]); lr 0.1, momentum 0.9, weight decay 0.01;
+two steps with the same gradients. The expected values are computed
+element by element in plain Python from the rank and the world size.
 """
 import json
 
 import pytest
 
-G = {0: [0.1, 0.2, 0.3, 0.4], 1: [0.3, 0.0, -0.1, 0.2]}
+BASE, DELTA = [0.1, 0.2, 0.3, 0.4], [0.2, -0.2, -0.4, -0.2]
 W0 = [1.0, 2.0, 0.5, 1.0]
-LR, MU, WD, K = 0.1, 0.9, 0.01, 2
+LR, MU, WD = 0.1, 0.9, 0.01
 
 
-def expected_kn():
+def grads(k):
+    """Every rank's gradient in a world of ``k`` ranks."""
+    return {r: [b + r * d for b, d in zip(BASE, DELTA)] for r in range(k)}
+
+
+def expected_kn(k=2):
     # exchanged entries 0..2 step with the sum; gamma (3) with k*g (its n-mean); no decay on gamma
+    G = grads(k)
     out = {r: [] for r in G}
     for r in G:
         w, u = list(W0), [0.0] * 4
         for _ in range(2):
             for i in range(4):
-                g = G[0][i] + G[1][i] if i < 3 else K * G[r][i]
+                g = sum(G[q][i] for q in G) if i < 3 else k * G[r][i]
                 g += WD * w[i] if i < 3 else 0.0
                 u[i] = MU * u[i] + g
                 w[i] -= LR * u[i]
@@ -29,57 +36,73 @@ def expected_kn():
     return out
 
 
-def expected_avg():
+def expected_avg(k=2):
+    G = grads(k)
     w = {r: list(W0) for r in G}
     u = {r: [0.0] * 4 for r in G}
     out = {r: [] for r in G}
     for _ in range(2):
         for r in G:
             for i in range(4):
-                g = K * G[r][i] + (WD * w[r][i] if i < 3 else 0.0)
+                g = k * G[r][i] + (WD * w[r][i] if i < 3 else 0.0)
                 u[r][i] = MU * u[r][i] + g
                 w[r][i] -= LR * u[r][i]
         for i in range(3):  # parameters (not gamma) averaged
-            m = (w[0][i] + w[1][i]) / K
-            w[0][i] = w[1][i] = m
+            m = sum(w[r][i] for r in G) / k
+            for r in G:
+                w[r][i] = m
         for r in G:
             out[r].append(list(w[r]))
     return out
 
 
-def expected_cdd():
+def expected_cdd(k=2):
+    G = grads(k)
     w = {r: list(W0) for r in G}
     u = {r: [0.0] * 4 for r in G}
     out = {r: [] for r in G}
     for _ in range(2):
         for r in G:
             for i in range(4):
-                u[r][i] = MU * u[r][i] + K * G[r][i] + (WD * w[r][i] if i < 2 else 0.0)
+                u[r][i] = MU * u[r][i] + k * G[r][i] + (WD * w[r][i] if i < 2 else 0.0)
         for r in G:
             for i in range(4):
                 mult = 2.0 if i == 2 else 1.0      # biases at 2x lr
-                step = (u[0][i] + u[1][i]) / K if i < 3 else u[r][i]
+                step = sum(u[q][i] for q in G) / k if i < 3 else u[r][i]
                 w[r][i] -= LR * mult * step
             out[r].append(list(w[r]))
     return out
 
 
-def run_rule(mpirun, sync_type):
-    res = mpirun(2, 'run_rules.py', sync_type, timeout=120)
+def run_rule(mpirun, sync_type, k):
+    G = grads(k)
+    res = mpirun(k, 'run_rules.py', sync_type, json.dumps([G[r] for r in range(k)]),
+                 timeout=120)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout.strip().splitlines()[-1])
-    return {r: data[r] for r in (0, 1)}
+    assert len(data) == k
+    return {r: data[r] for r in range(k)}
 
 
+@pytest.mark.parametrize('k', [2, 3, 4])
 @pytest.mark.parametrize('sync_type,expected', [('kn', expected_kn), ('avg', expected_avg),
                                                 ('cdd', expected_cdd)])
-def test_rule_matches_hand_computation(mpirun, sync_type, expected):
-    got, want = run_rule(mpirun, sync_type), expected()
-    for r in (0, 1):
+def test_rule_matches_hand_computation(mpirun, sync_type, expected, k):
+    got, want = run_rule(mpirun, sync_type, k), expected(k)
+    for r in range(k):
         for step in range(2):
             assert got[r][step] == pytest.approx(want[r][step], rel=1e-5, abs=1e-6), (r, step)
-    # exchanged parameters agree on both ranks
-    assert got[0][1][:3] == got[1][1][:3]
+    # exchanged parameters agree on every rank; gamma stays each rank's own
+    for r in range(1, k):
+        assert got[r][1][:3] == got[0][1][:3]
+        assert got[r][1][3] != got[0][1][3]
+
+
+def test_rank_gradients_are_the_documented_ones():
+    G = grads(3)
+    assert G[0] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert G[1] == pytest.approx([0.3, 0.0, -0.1, 0.2])
+    assert G[2] == pytest.approx([0.5, -0.2, -0.5, 0.0])
 
 
 def test_avg_equals_kn_at_equal_lr_but_cdd_does_not():

@@ -6,7 +6,9 @@ usage:
       ``[exch_strategy, bucket_cap_mb, first_bucket_cap_mb]``; rank 0 saves
       each variant's final flat parameters (``v0``, ``v1``, ...) and, per
       variant, whether the exchanged parameters agree bitwise across ranks
-      (``agree``) and the number of buckets (``buckets``).
+      (``agree``), the number of buckets (``buckets``) and the number of
+      exchanged entries (``n_exch``); ``initial`` is the flat vector every
+      variant starts from.
   run_overlap.py mismatch
       Every rank builds a trainer with the bucket caps given for it in
       ``$OVERLAP_TEST_CAPS`` (comma-separated, one per rank); a rank whose
@@ -63,7 +65,7 @@ def equiv(model, steps, variants, out):
     net = build_model(model, data.input_shape, data.n_classes, seed=0,
                       **MODEL_KW.get(model, {}))
     initial = [v.get_value().copy() for v in net.params + net.stats]
-    finals, agree, nbuckets = {}, [], []
+    finals, agree, nbuckets, n_exch = {}, [], [], []
     for i, (strategy, cap, first_cap) in enumerate(variants):
         cfg = TrainConfig(model=model, exch_strategy=strategy, bucket_cap_mb=cap,
                           first_bucket_cap_mb=first_cap, quiet=True, checkpoint=False,
@@ -71,6 +73,8 @@ def equiv(model, steps, variants, out):
         for var, value in zip(net.params + net.stats, initial):
             var.set_value(value.copy())
         tr = CachedBackward(net, data, cfg, comm)
+        if i == 0:
+            finals['initial'] = tr.params.values.copy()
         comm.barrier()    # rank 0 compiled first: start the timed steps together
         perm = shards.epoch_permutation(len(data.y_train), 0, cfg.data_seed)
         for it in range(steps):
@@ -79,8 +83,10 @@ def equiv(model, steps, variants, out):
         agree.append(len(set(comm.allgather(exchanged.hex()))) == 1)
         finals['v%d' % i] = tr.params.values.copy()
         nbuckets.append(len(tr.buckets))
+        n_exch.append(tr.n_exch)
     if comm.rank == 0:
-        np.savez(out, agree=np.array(agree), buckets=np.array(nbuckets), **finals)
+        np.savez(out, agree=np.array(agree), buckets=np.array(nbuckets),
+                 n_exch=np.array(n_exch), **finals)
     comm.barrier()
     comm.close()
     return 0

@@ -1,6 +1,7 @@
 """Run 2 steps of a sync rule on hand-set vectors; rank 0 prints all ranks' results.
 
-usage: run_rules.py SYNC_TYPE   (no Theano: numpy + MPI only)
+usage: run_rules.py SYNC_TYPE GRADS_JSON   (no Theano: numpy + MPI only)
+GRADS_JSON: a list with one gradient (4 numbers) per rank.
 Layout: W (2 entries, weight), b (1, bias), gamma (1, BN affine, local).
 """
 import json
@@ -15,11 +16,12 @@ from theanompi_ext.buckets.plan import plan_buckets
 from theanompi_ext.exchange.knsum import KnSumExchanger
 from theanompi_ext.exchange.rules import make_rule
 
-GRADS = {0: [0.1, 0.2, 0.3, 0.4], 1: [0.3, 0.0, -0.1, 0.2]}
-
 
 def main():
     comm = MPICommunicator()
+    grads = json.loads(sys.argv[2])
+    assert len(grads) == comm.size, 'one gradient per rank: %d for %d ranks' % (
+        len(grads), comm.size)
     layout = ParamLayout([('W', (2,), 'float32'), ('b', (1,), 'float32'),
                           ('gamma', (1,), 'float32')])
     tags = [frozenset({'trainable'}), frozenset({'trainable', 'bias'}),
@@ -30,7 +32,7 @@ def main():
     w = np.array([1.0, 2.0, 0.5, 1.0], np.float32)
     steps = []
     for _ in range(2):
-        g = np.array(GRADS[comm.rank], np.float32)
+        g = np.array(grads[comm.rank], np.float32)
         rule.step(w, g, 0.1)
         steps.append(w.tolist())
     everything = comm.allgather(steps)
