@@ -50,8 +50,8 @@ def _traces(tmp_path, k):
 
 
 def _row(**kw):
-    row = dict(allreduce_s=0.014, cpu_per_wall_compute=0.5, compute_s=0.07, serial_s=0.087,
-               overlap_s=0.0745)
+    row = dict(allreduce_s=0.014, cpu_per_wall_compute=0.5, cpu_per_wall_allreduce=0.5,
+               compute_s=0.07, serial_s=0.087, overlap_s=0.0765)
     row.update(kw)
     return row
 

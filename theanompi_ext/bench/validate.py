@@ -18,7 +18,8 @@ what was measured at that k:
 
 and, measured once at the smallest k, the CPU seconds of one allreduce
 step (the allreduce-only time, less the link and the casts, times the
-share, over the steps). The link is the ``tbf`` setting itself (rate and
+CPU share the allreduce blocks ran at, ``cpu_per_wall_allreduce``, over
+the steps). The link is the ``tbf`` setting itself (rate and
 burst). The model and this machine's figures are in docs/simulator.md.
 """
 import json
@@ -149,10 +150,12 @@ def measure(ks, args, net, folder):
                     first_bucket_cap_mb=None, thread_nice=None, thread_idle=None,
                     thread_poll_us=None, comm_thread='default', max_chunks=None,
                     timeline=prefix, wire_dtype=args.wire_dtype)
+        load = [os.getloadavg()[0]]
         try:
             row = run_setting(spec, net, k, timeout=args.timeout)[0]
         except RuntimeError as exc:
             raise RuntimeError('%d ranks: %s' % (k, exc)) from None
+        row['loadavg_1min'] = load + [os.getloadavg()[0]]     # before, after
         trace = '%s-%s-%s-overlap.json' % (prefix, tag, args.model)
         measured[k] = (row, trace)
         with open(trace) as f:
@@ -298,13 +301,14 @@ def predict(measured, wire_dtype, link=None, casts=None):
                        intra_bandwidth=bw, gpus_per_node=1)
 
     # Calibration at k0: the allreduce-only time, less the link and the casts,
-    # is CPU work per ring step at the measured share.
+    # is CPU work per step at the share those blocks ran at.
     c = inputs[k0]
     wire0 = scale * sum(c['sizes'])
     steps0 = len(c['sizes']) * ring(k0, 0.0, 1.0, 1.0).latency_steps(k0)
-    step_cpu = step_cpu_seconds(c['row']['allreduce_s'], c['share'], steps0,
+    ar_share = min(1.0, c['row']['cpu_per_wall_allreduce'])
+    step_cpu = step_cpu_seconds(c['row']['allreduce_s'], ar_share, steps0,
                                 other_s=link_seconds(wire0, k0, link)
-                                + contended(c['cast'], c['share']))
+                                + contended(c['cast'], ar_share))
     out = []
     for k, c in sorted(inputs.items()):
         row, wire_bytes = c['row'], scale * sum(c['sizes'])
