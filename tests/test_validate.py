@@ -122,10 +122,10 @@ def test_simulate_takes_the_wire_dtype():
 
 def test_quick_validation_runs_at_2_and_3_ranks(tmp_path):
     """The command end to end (its figures mean nothing here; the bar is in the docs)."""
-    js = tmp_path / 'v.json'
+    js, kept = tmp_path / 'v.json', tmp_path / 'runs'
     r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'bench', 'validate', '--quick',
-                        '--workers', '2,3', '--network', 'shm', '--json', str(js)],
-                       capture_output=True, text=True, timeout=600)
+                        '--workers', '2,3', '--network', 'shm', '--json', str(js),
+                        '--save-runs', str(kept)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert re.search(r'largest error [0-9.]+% \(target: within 10% on every point\)', r.stdout)
     rows = json.loads(js.read_text())
@@ -134,6 +134,26 @@ def test_quick_validation_runs_at_2_and_3_ranks(tmp_path):
     for x in rows:
         assert x['measured_s'] > 0 and x['predicted_s'] > 0
         assert x['error'] == pytest.approx(x['predicted_s'] / x['measured_s'] - 1)
+    # the kept measurements predict the same again, running nothing
+    again = tmp_path / 'again.json'
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'bench', 'validate',
+                        '--from-runs', str(kept), '--json', str(again)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x['predicted_s'] for x in json.loads(again.read_text())] == pytest.approx(
+        [x['predicted_s'] for x in rows])
+
+
+def test_from_runs_refuses_a_folder_without_a_record(tmp_path):
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'bench', 'validate',
+                        '--from-runs', str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and 'runs.json' in r.stderr and 'cannot read' in r.stderr
+    (tmp_path / 'runs.json').write_text('{"runs": 3}')
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'bench', 'validate',
+                        '--from-runs', str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and 'not a record of bench validate --save-runs' in r.stderr
 
 
 def test_bad_worker_counts_are_refused():
