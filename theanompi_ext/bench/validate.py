@@ -270,25 +270,10 @@ def predict(measured, wire_dtype, link=None, casts=None):
     at the smallest k, is in docs/simulator.md.
     """
     from ..simulate.host import contended, step_cpu_seconds
-    from ..simulate.model import WIRE_SCALE, Layer, Workload, load_workload, step_time
+    from ..simulate.model import WIRE_SCALE, step_time
     from ..simulate.network import Network
-    from ..simulate.trace import SLOWEST, bucket_bytes, layers_from_trace, piece_seconds
-    casts = casts or {}
-    inputs = {}
-    for k, (row, path) in sorted(measured.items()):
-        with open(path) as f:
-            over = json.load(f)
-        with open(path.replace('-overlap.json', '-serial.json')) as f:
-            ser = json.load(f)
-        doc = layers_from_trace(over, source=path, rank=SLOWEST, gaps=True)
-        sizes = bucket_bytes(over, source=path)
-        wl = load_workload_doc(doc, path)
-        fb = piece_seconds(ser, 'forward_backward', source=path, rank=SLOWEST)
-        serial_wl = Workload([Layer('forward_backward', fb, wl.grad_bytes, wl.tensors)], 0.0)
-        update = piece_seconds(over, 'update', source=path, rank=SLOWEST)
-        share = min(1.0, row['cpu_per_wall_compute'])
-        inputs[k] = dict(row=row, overlap=wl, serial=serial_wl, sizes=sizes, update=update,
-                         share=share, cast=casts.get(k, 0.0))
+    inputs = {k: measured_inputs(row, path, (casts or {}).get(k, 0.0))
+              for k, (row, path) in sorted(measured.items())}
     k0 = min(inputs)
     scale = WIRE_SCALE[wire_dtype]
 
@@ -333,6 +318,25 @@ def predict(measured, wire_dtype, link=None, casts=None):
                             m.cost(net, k, scale, cast_per_byte) for m in res.messages),
                         'buckets': len(c['sizes']), 'calibrated_at': k0})
     return out
+
+
+def measured_inputs(row, path, cast_cpu):
+    """What the simulator is fed for one k: the row, both modes' workloads (the
+    slowest rank's, from the timelines at ``path`` and beside it), the bucket
+    plan, the update time, the CPU share and the casts' CPU seconds."""
+    from ..simulate.model import Layer, Workload
+    from ..simulate.trace import SLOWEST, bucket_bytes, layers_from_trace, piece_seconds
+    with open(path) as f:
+        over = json.load(f)
+    with open(path.replace('-overlap.json', '-serial.json')) as f:
+        ser = json.load(f)
+    wl = load_workload_doc(layers_from_trace(over, source=path, rank=SLOWEST, gaps=True), path)
+    fb = piece_seconds(ser, 'forward_backward', source=path, rank=SLOWEST)
+    return dict(row=row, overlap=wl,
+                serial=Workload([Layer('forward_backward', fb, wl.grad_bytes, wl.tensors)], 0.0),
+                sizes=bucket_bytes(over, source=path),
+                update=piece_seconds(over, 'update', source=path, rank=SLOWEST),
+                share=min(1.0, row['cpu_per_wall_compute']), cast=cast_cpu)
 
 
 def stats_steps(k):
