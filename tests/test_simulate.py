@@ -305,3 +305,92 @@ def test_library_rejects_bad_network():
         Network(algorithm='tree')
     with pytest.raises(ValueError, match='k=12'):
         step_time(_wl(), Network(gpus_per_node=8), 12)
+
+
+# ------------------------------------ terms for a measured host (bench validate)
+
+def test_cpu_share_and_contended_time_by_hand():
+    from theanompi_ext.simulate.host import contended, cpu_share, step_cpu_seconds
+    assert cpu_share(2, 2) == 1.0                    # one core each
+    assert cpu_share(8, 2) == approx(0.25)           # 8 ranks on 2 cores
+    assert cpu_share(4, 2, outside=4) == approx(0.25)   # + 4 threads of other jobs
+    assert contended(1e-3, 0.25) == approx(4e-3)
+    # calibration: 14 ms for 4 steps, 6 ms of it on the link, at share 0.5
+    assert step_cpu_seconds(14e-3, 0.5, 4, other_s=6e-3) == approx(1e-3)
+    assert step_cpu_seconds(1e-3, 0.5, 4, other_s=6e-3) == 0.0
+    for bad in (0, 1.5, float('nan')):
+        with pytest.raises(ValueError, match='CPU share'):
+            contended(1.0, bad)
+    with pytest.raises(ValueError, match='cores'):
+        cpu_share(2, 0)
+
+
+def test_latency_steps_and_the_asa_algorithm():
+    ring = Network('ring', 1e-3, 1e9, 1e-3, 1e9, 1)
+    assert ring.latency_steps(8) == approx(14)
+    assert Network('rhd', 1e-3, 1e9, 1e-3, 1e9, 1).latency_steps(8) == approx(6)
+    asa = Network('asa', 1e-3, 1e9, 1e-3, 1e9, 1)
+    # one alltoall latency + ceil(log2 k) of the recursive-doubling allgather
+    assert [asa.latency_steps(k) for k in (2, 3, 4, 8)] == [2, 3, 3, 4]
+    assert asa.allreduce(1e6, 4) == approx(3e-3 + 2 * 3 / 4 * 1e6 / 1e9)
+
+
+def _three_layers():
+    return Workload([Layer('a', 1e-3, 100.0), Layer('pool', 1e-3, 0.0),
+                     Layer('b', 2e-3, 300.0, tensors=2)], forward_s=0.0)
+
+
+def test_a_given_bucket_plan_by_hand():
+    from theanompi_ext.simulate.model import planned_messages
+    wl = _three_layers()
+    m = planned_messages(wl, [100, 300])
+    assert [(x.ready_s, x.nbytes, x.layers) for x in m] == [
+        (approx(1e-3), 100, ('a',)), (approx(4e-3), 300, ('pool', 'b'))]
+    assert [x.ready_s for x in make_messages(wl, buckets=[400])] == [approx(4e-3)]
+    with pytest.raises(ValueError, match='buckets hold 300 bytes, the layers 400'):
+        planned_messages(wl, [100, 200])
+    with pytest.raises(ValueError, match='> 0 bytes'):
+        planned_messages(wl, [0, 400])
+
+
+def test_casts_and_the_statistics_collective_by_hand():
+    wl = _three_layers()
+    net = Network('ring', 0.0, 1e5, 0.0, 1e5, 1)       # 2 ranks: b bytes take b/1e5 s
+    # buckets 100 B (1 ms) ready at 1 ms, 300 B (3 ms) at 4 ms; casts 1e-5 s/B
+    # add 1 ms and 3 ms. Serial: 4 + 2 + 6 + sync 0.5 ms.
+    s = step_time(wl, net, 2, overlap=False, buckets=[100, 300], cast_s_per_byte=1e-5,
+                  sync_s=5e-4)
+    assert s.comm_s == approx(8e-3) and s.step_s == approx(12.5e-3)
+    # Overlapped: bucket 0 runs 1..3 ms, bucket 1 4..10 ms; the sync runs beside
+    # it (10 ms) or queues behind it (10.5 ms).
+    o = step_time(wl, net, 2, buckets=[100, 300], cast_s_per_byte=1e-5, sync_s=5e-4)
+    assert o.step_s == approx(10e-3)
+    q = step_time(wl, net, 2, buckets=[100, 300], cast_s_per_byte=1e-5, sync_s=5e-4,
+                  sync_queued=True)
+    assert q.step_s == approx(10.5e-3)
+    # without the new terms (the presets' defaults): bucket 1 runs 4..7 ms
+    assert step_time(wl, net, 2, buckets=[100, 300]).step_s == approx(7e-3)
+
+
+def test_slowest_rank_gaps_and_buckets_of_a_timeline():
+    from theanompi_ext.simulate.trace import bucket_bytes, layers_from_trace, piece_seconds
+    # rank 1 slower in step 1, rank 0 in step 2 (us); a 10 us gap before conv1..conv2
+    tr = _trace([(900, 900, 900), (100, 10, 200), (100, 10, 200)])
+    for e in tr['traceEvents']:
+        if e['name'] == 'backward:conv1..conv2':
+            e['ts'] += 10
+            slow = (e['pid'] == 1) == (int(e['ts'] // 10000) % 3 == 1)
+            e['dur'] = 300 if slow else 200
+    doc = layers_from_trace(tr, source='t', rank='slowest', gaps=True)
+    # per step the slower rank: forward 100, fc 10, conv 10 + 300; whole 420 us
+    assert [l['backward_s'] for l in doc['layers']] == [approx(10e-6), approx(310e-6)]
+    assert doc['forward_s'] == approx(100e-6) and 'rank slowest' in doc['name']
+    plain = layers_from_trace(tr, source='t')
+    assert plain['layers'][1]['backward_s'] == approx(250e-6)     # rank 0: 200, 300
+    assert piece_seconds(tr, 'forward', rank='slowest') == approx(100e-6)
+    for e in tr['traceEvents']:
+        if e['name'].startswith('bucket'):
+            e['args']['step'] = int(e['ts'] // 10000) % 3
+    assert bucket_bytes(tr) == [4040.0]
+    with pytest.raises(ValueError, match="no 'update' pieces"):
+        piece_seconds(tr, 'update')

@@ -3,32 +3,31 @@
 For each worker count k (default 2, 4, 8) the ranks of ``bench overlap``
 are started (same model, modes and emulated network), which measures the
 step with no exchange (``compute``), with the serial exchanger, with the
-overlapped one, and the serial exchanger's allreduces alone. The
-simulator (:func:`theanompi_ext.simulate.model.step_time`) is then fed,
-for that k:
+overlapped one, and the serial exchanger's allreduces alone, with the
+ranks' CPU time per wall second. The simulator
+(:func:`theanompi_ext.simulate.model.step_time`) is then fed, for that k,
+what was measured at that k:
 
-* the per-chunk backward times and gradient bytes of the overlapped run's
-  timeline (:func:`theanompi_ext.simulate.trace.layers_from_trace`), and
-  its forward time; the rest of the measured compute step (update, copies)
-  is added to the prediction as measured;
-* the link speed measured once, at the smallest k, from the allreduce-only
-  time. The emulated network is one rate-limited loopback that every rank's
-  traffic shares, so a ring allreduce of b bytes puts 2 (k-1) b bytes
-  through it: rate R = 2 (k0-1) B / t_allreduce(k0), and the simulator gets
-  per-link bandwidth R / k with no separate latency term (a single message
-  size cannot tell latency from bandwidth: both are folded into R);
-* the wire dtype (``--wire-dtype``): the measured runs send it, the
-  simulator halves the bytes for 16 bits.
+* compute: from the runs' timelines, per step the slowest rank (a
+  synchronous step waits for it): the overlapped run's forward and
+  per-chunk backward times (the gap before a chunk counted in it), the
+  serial run's forward+backward, the update;
+* the trainer's bucket plan (the buckets' bytes on the comm lane);
+* the CPU share of a rank (``cpu_per_wall_compute``);
+* the 16-bit wire's casts, timed in this process (CPU seconds).
 
-Printed: per k and mode, measured and predicted step time, the error, and
-measured and predicted efficiency (compute / step at the same k). The
-bar (within 10%) and this machine's figures are in docs/simulator.md.
+and, measured once at the smallest k, the CPU seconds of one allreduce
+step (the allreduce-only time, less the link and the casts, times the
+CPU share the allreduce blocks ran at, ``cpu_per_wall_allreduce``, over
+the steps). The link is the ``tbf`` setting itself (rate and
+burst). The model and this machine's figures are in docs/simulator.md.
 """
 import json
 import os
 import sys
 import tempfile
 
+from ..argtypes import output_path
 from .common import add_common_options
 
 DEFAULT_WORKERS = '2,4,8'
@@ -56,45 +55,57 @@ def register(sub):
     p.add_argument('--quick', action='store_true',
                    help='1 step x 1 repetition on 8x8 inputs: checks the command runs, its '
                         'figures mean nothing')
+    p.add_argument('--save-runs', metavar='DIR', type=output_path,
+                   help='keep the measured rows and timelines in DIR (created), for --from-runs')
+    p.add_argument('--from-runs', metavar='DIR',
+                   help='predict from the measurements kept by --save-runs in DIR; runs nothing')
     add_common_options(p, '200mbit', 3600.0, timeout_what='one worker count')
     p.set_defaults(func=main)
 
 
 def main(args):
-    """Measure every k, predict it, print the comparison."""
-    from .overlap import NetworkSetupError, parse_network, run_setting
+    """Measure every k (or read the kept measurements), predict it, print the comparison."""
+    from .overlap import NetworkSetupError, parse_network
     from ..simulate.cli import parse_gpus
+    from ..simulate.trace import bucket_bytes
     try:
-        ks = sorted(set(parse_gpus(args.workers)))
-        if ks[0] < 2:
-            raise ValueError('--workers: every count must be >= 2 (one rank exchanges nothing)')
-        nets = [parse_network(n) for n in (args.network or ['shm'])]
-        if len(nets) != 1:
-            raise ValueError('--network: give one network (the link speed is measured on it)')
-        if args.steps < 1 or args.reps < 1 or args.batch < 1:
-            raise ValueError('--steps, --reps and --batch must be >= 1')
+        if args.from_runs:
+            measured, casts, info = load_runs(args.from_runs)
+            for key, value in info.items():
+                setattr(args, key, value)
+            net = tuple(info['network'])
+            for k, (row, trace) in measured.items():     # a record without them
+                if k not in casts:
+                    with open(trace) as f:
+                        casts[k] = wire_cast_cpu(bucket_bytes(json.load(f), trace), k,
+                                                 args.wire_dtype)
+        else:
+            ks = sorted(set(parse_gpus(args.workers)))
+            if ks[0] < 2:
+                raise ValueError('--workers: every count must be >= 2 (one rank exchanges '
+                                 'nothing)')
+            nets = [parse_network(n) for n in (args.network or ['shm'])]
+            if len(nets) != 1:
+                raise ValueError('--network: give one network (the link speed is measured '
+                                 'on it)')
+            if args.steps < 1 or args.reps < 1 or args.batch < 1:
+                raise ValueError('--steps, --reps and --batch must be >= 1')
+            net = nets[0]
     except ValueError as exc:
         sys.stderr.write('theanompi-ext bench validate: error: %s\n' % exc)
         return 2
-    net = nets[0]
-    measured = {}
-    with tempfile.TemporaryDirectory(prefix='bench-validate-') as tmp:
-        for k in ks:
-            prefix = os.path.join(tmp, 'k%d' % k)
-            spec = dict(models=[args.model], input_shape=[1, 8, 8] if args.quick else [3, 32, 32],
-                        batch=args.batch, steps=1 if args.quick else args.steps,
-                        reps=1 if args.quick else args.reps, bucket_cap_mb=None,
-                        first_bucket_cap_mb=None, thread_nice=None, thread_idle=None,
-                        thread_poll_us=None, comm_thread='default', max_chunks=None,
-                        timeline=prefix, wire_dtype=args.wire_dtype)
+    if not args.from_runs:
+        with tempfile.TemporaryDirectory(prefix='bench-validate-') as tmp:
             try:
-                row = run_setting(spec, net, k, timeout=args.timeout)[0]
+                measured, casts = measure(ks, args, net, args.save_runs or tmp)
             except (NetworkSetupError, RuntimeError) as exc:
-                sys.stderr.write('theanompi-ext bench validate: %d ranks: %s\n' % (k, exc))
+                sys.stderr.write('theanompi-ext bench validate: %s\n' % exc)
                 return 1
-            tag = ''.join(c for c in ('%s:%s' % net if net[1] else net[0]) if c.isalnum())
-            measured[k] = (row, '%s-%s-%s-overlap.json' % (prefix, tag, args.model))
-        rows = predict(measured, args.wire_dtype, shared_link=net[0] == 'tbf')
+            rows = predict_or_say(measured, args, net, casts)
+    else:
+        rows = predict_or_say(measured, args, net, casts)
+    if rows is None:
+        return 1
     print(format_rows(rows, args, net))
     if args.json:
         with open(args.json, 'w') as f:
@@ -102,61 +113,266 @@ def main(args):
     return 0
 
 
-def link_rate(row, k, wire_dtype, shared_link=True):
-    """Bytes/s of the link, from one measured allreduce-only time (see module doc).
+def predict_or_say(measured, args, net, casts):
+    """:func:`predict`, or None after saying why the measurements cannot be used."""
+    try:
+        return predict(measured, args.wire_dtype, network_link(net), casts)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write('theanompi-ext bench validate: cannot predict: %s\n' % exc)
+        return None
 
-    ``shared_link``: every rank's traffic crosses one link (the emulated
-    network): the rate of the whole link. Otherwise (shared memory) the
-    per-rank ring bandwidth 2 (k-1)/k B / t.
+
+RUNS_FILE = 'runs.json'
+
+
+def network_link(net):
+    """The emulated link of a parsed ``--network`` (None for shared memory)."""
+    return tbf_link(net[1]) if net[0] == 'tbf' else None
+
+
+def measure(ks, args, net, folder):
+    """Run ``bench overlap``'s ranks for every k, and time the wire casts.
+
+    Returns ``({k: (row, overlapped timeline path)}, {k: cast CPU seconds})``.
+    The rows and timelines are left in ``folder`` (with ``runs.json``
+    describing them, which :func:`load_runs` reads back).
     """
-    from ..simulate.model import WIRE_SCALE
-    wire_bytes = WIRE_SCALE[wire_dtype] * row['grad_bytes']
-    moved = 2 * (k - 1) * wire_bytes if shared_link else 2.0 * (k - 1) / k * wire_bytes
-    return moved / row['allreduce_s']
+    from .overlap import run_setting
+    from ..simulate.trace import bucket_bytes
+    os.makedirs(folder, exist_ok=True)
+    measured, casts = {}, {}
+    tag = ''.join(c for c in ('%s:%s' % net if net[1] else net[0]) if c.isalnum())
+    for k in ks:
+        prefix = os.path.join(folder, 'k%d' % k)
+        spec = dict(models=[args.model], input_shape=[1, 8, 8] if args.quick else [3, 32, 32],
+                    batch=args.batch, steps=1 if args.quick else args.steps,
+                    reps=1 if args.quick else args.reps, bucket_cap_mb=None,
+                    first_bucket_cap_mb=None, thread_nice=None, thread_idle=None,
+                    thread_poll_us=None, comm_thread='default', max_chunks=None,
+                    timeline=prefix, wire_dtype=args.wire_dtype)
+        load = [os.getloadavg()[0]]
+        try:
+            row = run_setting(spec, net, k, timeout=args.timeout)[0]
+        except RuntimeError as exc:
+            raise RuntimeError('%d ranks: %s' % (k, exc)) from None
+        row['loadavg_1min'] = load + [os.getloadavg()[0]]     # before, after
+        trace = '%s-%s-%s-overlap.json' % (prefix, tag, args.model)
+        measured[k] = (row, trace)
+        with open(trace) as f:
+            casts[k] = wire_cast_cpu(bucket_bytes(json.load(f), trace), k, args.wire_dtype)
+    doc = dict(model=args.model, batch=args.batch, wire_dtype=args.wire_dtype,
+               network=list(net), quick=bool(args.quick),
+               runs={str(k): dict(row=row, trace=os.path.basename(trace), cast_cpu_s=casts[k])
+                     for k, (row, trace) in measured.items()})
+    tmp = os.path.join(folder, RUNS_FILE + '.tmp')
+    with open(tmp, 'w') as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, os.path.join(folder, RUNS_FILE))    # whole or absent
+    return measured, casts
 
 
-def predict(measured, wire_dtype, shared_link=True):
+def load_runs(folder):
+    """Read what ``--save-runs`` kept: ``({k: (row, trace path)}, {k: cast CPU s}, settings)``.
+
+    Raises ValueError naming the folder when it holds no (or a broken) record.
+    """
+    path = os.path.join(folder, RUNS_FILE)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        measured = {int(k): (r['row'], os.path.join(folder, r['trace']))
+                    for k, r in doc['runs'].items()}
+        casts = {int(k): float(r['cast_cpu_s']) for k, r in doc['runs'].items()
+                 if 'cast_cpu_s' in r}
+        info = {key: doc[key] for key in ('model', 'batch', 'wire_dtype', 'network', 'quick')}
+    except OSError as exc:
+        raise ValueError('--from-runs: cannot read %r: %s' % (path, exc.strerror)) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError('--from-runs: %r is not a record of bench validate --save-runs (%s)'
+                         % (path, exc)) from None
+    if not measured:
+        raise ValueError('--from-runs: %r holds no runs' % (path,))
+    return measured, casts, info
+
+
+TC_RATE = {'bit': 1.0, 'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9,
+           'bps': 8.0, 'kbps': 8e3, 'mbps': 8e6, 'gbps': 8e9}
+TC_SIZE = {'b': 1, 'kb': 1024, 'mb': 1024 ** 2}
+
+
+def tbf_link(rate, burst=None):
+    """``(bytes/s, burst bytes)`` of a ``tbf`` setting in tc's units ('200mbit', '256kb')."""
+    import re
+    from .overlap import RateLimitedNamespace
+    burst = burst or RateLimitedNamespace(rate).burst
+    m, b = re.fullmatch(r'([0-9.]+)([kmg]?bit|[kmg]?bps)', rate), re.fullmatch(r'([0-9.]+)([km]?b)', burst)
+    if not m or not b:
+        raise ValueError('tbf rate %r / burst %r: not in tc units' % (rate, burst))
+    return float(m.group(1)) * TC_RATE[m.group(2)] / 8, float(b.group(1)) * TC_SIZE[b.group(2)]
+
+
+def link_seconds(wire_bytes, k, link):
+    """Seconds the emulated link adds to one step's allreduces of ``wire_bytes`` (total).
+
+    Every rank's traffic crosses the one shaped loopback: a ring (or
+    reduce-scatter + allgather) of b bytes puts 2 (k-1) b bytes through
+    it. tbf lets ``burst`` bytes through at once (its bucket refills in
+    burst / rate, 10 ms at 200 Mbit/s, less than a step) and the rest at its
+    rate. ``link`` None (shared memory): 0, the copies are CPU work.
+    """
+    if link is None:
+        return 0.0
+    rate, burst = link
+    return max(0.0, 2 * (k - 1) * wire_bytes - burst) / rate
+
+
+def wire_cast_cpu(sizes, k, wire, reps=5):
+    """CPU seconds of one exchange's 16-bit wire arithmetic for buckets of ``sizes`` bytes.
+
+    Times, on this process, what ``collective/mpi_wire.py``'s ``asa``
+    method computes around its two collectives on every rank: encode the
+    bucket and look for inf/nan, decode and sum the k received chunks in
+    float32, encode the sum, look again, decode the result. Median of
+    ``reps`` (``time.process_time``: CPU time, so outside load does not
+    count). 0 for a float32 wire.
+    """
+    import time
+    import numpy as np
+    from ..collective import wire as w
+    if wire == 'float32':
+        return 0.0
+    total = []
+    for _ in range(reps):
+        cpu = 0.0
+        for nbytes in sizes:
+            n = max(1, int(nbytes) // 4)
+            x = np.random.RandomState(0).standard_normal(n).astype(np.float32)
+            c0 = time.process_time()
+            bits = w.encode(x, wire)
+            w.nonfinite_count(bits, wire)
+            mine = w.chunk_counts(n, k)[0]
+            parts = np.resize(bits, k * mine).reshape(k, mine)
+            w.encode(w.sum_encoded(parts, wire), wire)
+            w.nonfinite_count(bits, wire)
+            w.decode(bits, wire, x)
+            cpu += time.process_time() - c0
+        total.append(cpu)
+    return float(np.median(total))
+
+
+def predict(measured, wire_dtype, link=None, casts=None):
     """Predicted vs measured rows from ``{k: (bench overlap row, path of its
-    overlapped run's timeline)}``."""
-    from ..simulate.model import load_workload, step_time
+    overlapped run's timeline)}`` (the serial run's timeline lies beside it).
+
+    ``link``: ``(bytes/s, burst bytes)`` of the emulated network (None: shared
+    memory); ``casts``: ``{k: CPU seconds of one step's wire casts}``
+    (:func:`wire_cast_cpu`; None: none). The model, with its calibration
+    at the smallest k, is in docs/simulator.md.
+    """
+    from ..simulate.host import contended, step_cpu_seconds
+    from ..simulate.model import WIRE_SCALE, step_time
     from ..simulate.network import Network
-    k0 = min(measured)
-    rate = link_rate(measured[k0][0], k0, wire_dtype, shared_link)
+    inputs = {k: measured_inputs(row, path, (casts or {}).get(k, 0.0))
+              for k, (row, path) in sorted(measured.items())}
+    k0 = min(inputs)
+    scale = WIRE_SCALE[wire_dtype]
+
+    algorithm = 'ring' if wire_dtype == 'float32' else 'asa'
+
+    def ring(k, alpha, link_s, wire_bytes):
+        # per-link bandwidth giving the 2 (k-1)/k b / bw of both algorithms the link seconds
+        bw = 2.0 * (k - 1) / k * wire_bytes / link_s if link_s > 0 else 1e30
+        return Network(algorithm=algorithm, alpha=alpha, bandwidth=bw, intra_alpha=alpha,
+                       intra_bandwidth=bw, gpus_per_node=1)
+
+    # Calibration at k0: the allreduce-only time, less the link and the casts,
+    # is CPU work per step at the share those blocks ran at.
+    c = inputs[k0]
+    wire0 = scale * sum(c['sizes'])
+    steps0 = len(c['sizes']) * ring(k0, 0.0, 1.0, 1.0).latency_steps(k0)
+    ar_share = min(1.0, c['row']['cpu_per_wall_allreduce'])
+    step_cpu = step_cpu_seconds(c['row']['allreduce_s'], ar_share, steps0,
+                                other_s=link_seconds(wire0, k0, link)
+                                + contended(c['cast'], ar_share))
     out = []
-    for k, (row, trace) in sorted(measured.items()):
-        workload = load_workload(trace)
-        bw = rate / k if shared_link else rate
-        network = Network(algorithm='ring', alpha=0.0, bandwidth=bw, intra_alpha=0.0,
-                          intra_bandwidth=bw, gpus_per_node=1)
-        # what the compute step does beyond forward and backward (update, copies)
-        other = max(0.0, row['compute_s'] - workload.forward_s - workload.backward_s)
-        cap = row['bucket_cap_mb'] * 2 ** 20     # buckets/plan.py's MB; its smaller first bucket is not modelled
+    for k, c in sorted(inputs.items()):
+        row, wire_bytes = c['row'], scale * sum(c['sizes'])
+        net = ring(k, contended(step_cpu, c['share']), link_seconds(wire_bytes, k, link),
+                   wire_bytes)
+        cast_per_byte = contended(c['cast'], c['share']) / sum(c['sizes'])
         for mode, overlap in (('serial', False), ('overlap', True)):
-            res = step_time(workload, network, k, overlap=overlap, bucket_cap_bytes=cap,
-                            wire_dtype=wire_dtype)
-            pred = res.step_s + other
+            res = step_time(c[mode], net, k, overlap=overlap, wire_dtype=wire_dtype,
+                            buckets=c['sizes'], cast_s_per_byte=cast_per_byte,
+                            sync_s=stats_steps(k) * net.alpha, sync_queued=True)
+            pred = res.step_s + c['update']
             meas = row['%s_s' % mode]
             out.append({'workers': k, 'mode': mode, 'measured_s': meas, 'predicted_s': pred,
                         'error': pred / meas - 1.0,
                         'measured_efficiency': row['compute_s'] / meas,
-                        'predicted_efficiency': (res.forward_s + res.backward_s + other) / pred,
-                        'link_bytes_per_s': rate, 'calibrated_at': k0})
+                        'predicted_efficiency': row['compute_s'] / pred,
+                        'cpu_share': c['share'], 'step_cpu_s': step_cpu,
+                        'step_latency_s': net.alpha, 'cast_s': cast_per_byte * sum(c['sizes']),
+                        'link_s': link_seconds(wire_bytes, k, link),
+                        'allreduce_measured_s': row['allreduce_s'],
+                        'allreduce_predicted_s': sum(
+                            m.cost(net, k, scale, cast_per_byte) for m in res.messages),
+                        'buckets': len(c['sizes']), 'calibrated_at': k0})
     return out
+
+
+def measured_inputs(row, path, cast_cpu):
+    """What the simulator is fed for one k: the row, both modes' workloads (the
+    slowest rank's, from the timelines at ``path`` and beside it), the bucket
+    plan, the update time, the CPU share and the casts' CPU seconds."""
+    from ..simulate.model import Layer, Workload
+    from ..simulate.trace import SLOWEST, bucket_bytes, layers_from_trace, piece_seconds
+    with open(path) as f:
+        over = json.load(f)
+    with open(path.replace('-overlap.json', '-serial.json')) as f:
+        ser = json.load(f)
+    wl = load_workload_doc(layers_from_trace(over, source=path, rank=SLOWEST, gaps=True), path)
+    fb = piece_seconds(ser, 'forward_backward', source=path, rank=SLOWEST)
+    return dict(row=row, overlap=wl,
+                serial=Workload([Layer('forward_backward', fb, wl.grad_bytes, wl.tensors)], 0.0),
+                sizes=bucket_bytes(over, source=path),
+                update=piece_seconds(over, 'update', source=path, rank=SLOWEST),
+                share=min(1.0, row['cpu_per_wall_compute']), cast=cast_cpu)
+
+
+def stats_steps(k):
+    """Latency steps of the loss statistics' allreduce (a few numbers) among k ranks.
+
+    MPICH reduces messages under 2 KB by recursive doubling: ceil(log2 k)
+    exchanges (a non-power of two adds one to fold the extra ranks in).
+    """
+    pof2 = 1 << (k.bit_length() - 1)
+    return (pof2.bit_length() - 1) + (2 if pof2 != k else 0)
+
+
+def load_workload_doc(doc, source):
+    """A :class:`~theanompi_ext.simulate.model.Workload` of a layers object."""
+    from ..simulate.model import Workload, parse_layers
+    return Workload(parse_layers(doc['layers'], source=source), doc.get('forward_s', 0.0),
+                    name=doc['name'])
 
 
 def format_rows(rows, args, net):
     """The side-by-side table."""
-    lines = ['bench validate: %s, batch %d/rank, %s wire, network %s; link %.1f Mbit/s '
-             'measured at %d ranks' % (args.model, args.batch, args.wire_dtype,
-                                       net[0] if net[1] is None else '%s:%s' % net,
-                                       rows[0]['link_bytes_per_s'] * 8 / 1e6,
-                                       rows[0]['calibrated_at']),
-             '%5s %-8s %12s %12s %8s %9s %9s' % ('ranks', 'mode', 'measured ms', 'predicted ms',
-                                                 'error', 'eff meas', 'eff pred')]
+    r0 = rows[0]
+    lines = ['bench validate: %s, batch %d/rank, %s wire, network %s; calibrated at %d ranks: '
+             '%.3f ms CPU per allreduce step' % (args.model, args.batch, args.wire_dtype,
+                                                 net[0] if net[1] is None else '%s:%s' % net,
+                                                 r0['calibrated_at'], 1e3 * r0['step_cpu_s']),
+             '%5s %-8s %12s %12s %8s %9s %9s %6s %8s %8s' % (
+                 'ranks', 'mode', 'measured ms', 'predicted ms', 'error', 'eff meas', 'eff pred',
+                 'share', 'ar meas', 'ar pred')]
     for r in rows:
-        lines.append('%5d %-8s %12.1f %12.1f %7.1f%% %9.3f %9.3f' % (
+        lines.append('%5d %-8s %12.1f %12.1f %7.1f%% %9.3f %9.3f %6.3f %8.1f %8.1f' % (
             r['workers'], r['mode'], 1e3 * r['measured_s'], 1e3 * r['predicted_s'],
-            100 * r['error'], r['measured_efficiency'], r['predicted_efficiency']))
+            100 * r['error'], r['measured_efficiency'], r['predicted_efficiency'],
+            r['cpu_share'], 1e3 * r['allreduce_measured_s'], 1e3 * r['allreduce_predicted_s']))
     worst = max(abs(r['error']) for r in rows)
-    lines.append('largest error %.1f%% (target: within 10%% on every point)' % (100 * worst))
+    lines.append('largest error %.1f%% (target: within 10%% on every point); share: CPU per '
+                 'wall second of a computing rank; ar: the buckets\' allreduces alone'
+                 % (100 * worst))
     return '\n'.join(lines)

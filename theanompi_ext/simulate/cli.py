@@ -48,8 +48,9 @@ def register(subparsers):
                      help='worker counts, e.g. 8,16,32 (default: the preset\'s)')
     net.add_argument('--gpus-per-node', type=int, metavar='G',
                      help='GPUs per server, G (default: the preset\'s)')
-    net.add_argument('--algorithm', choices=('ring', 'rhd', 'hierarchical'),
-                     help='allreduce: ring, recursive halving/doubling, or hierarchical '
+    net.add_argument('--algorithm', choices=('ring', 'rhd', 'asa', 'hierarchical'),
+                     help='allreduce: ring, recursive halving/doubling, asa (alltoall, sum, '
+                          'allgather: the 16-bit MPI method), or hierarchical '
                           '(intra-node reduce, rhd among servers, intra-node broadcast)')
     net.add_argument('--bandwidth-gbit', type=float, metavar='GBIT',
                      help='bandwidth between servers, Gbit/s (default: the preset\'s)')

@@ -180,22 +180,30 @@ class Message:
     count: int = 1
     layers: Tuple[str, ...] = ()
 
-    def cost(self, net, k, wire_scale=1.0):
+    def cost(self, net, k, wire_scale=1.0, cast_s_per_byte=0.0):
         """Seconds the allreduces of this message occupy the comm stream.
 
-        ``wire_scale``: bytes on the wire per float32 byte (0.5 for a 16-bit wire).
+        ``wire_scale``: bytes on the wire per float32 byte (0.5 for a 16-bit
+        wire); ``cast_s_per_byte``: seconds per float32 byte of the wire
+        casts (encode, float32 sum, decode), which run on the comm stream.
         """
         # Unbucketed tensors are separate allreduces, each paying latency.
-        return self.count * net.allreduce(wire_scale * self.nbytes / self.count, k)
+        return (self.count * net.allreduce(wire_scale * self.nbytes / self.count, k)
+                + cast_s_per_byte * self.nbytes)
 
 
-def make_messages(workload, bucket_cap_bytes=None):
+def make_messages(workload, bucket_cap_bytes=None, buckets=None):
     """The allreduces of one step, in issue order, with their ready times.
 
     ``bucket_cap_bytes`` None or 0: one allreduce per parameter tensor (a
     layer's tensors are all ready when its backward ends). Otherwise layers
     with a gradient are packed into DDP-style buckets in backward order.
+    ``buckets`` (a list of bytes, in issue order) gives a plan made
+    elsewhere instead (e.g. the trainer's, read from its timeline); see
+    :func:`planned_messages`.
     """
+    if buckets is not None:
+        return planned_messages(workload, buckets)
     if bucket_cap_bytes is not None and not (bucket_cap_bytes >= 0):
         raise ValueError('bucket cap must be >= 0 bytes, got %r' % (bucket_cap_bytes,))
     out, t = [], 0.0
@@ -216,6 +224,38 @@ def make_messages(workload, bucket_cap_bytes=None):
             pending, pending_bytes, pending_count = [], 0.0, 0
     if pending:
         out.append(Message(t, pending_bytes, 1, tuple(pending)))
+    return out
+
+
+def planned_messages(workload, buckets):
+    """One fused allreduce per bucket of a given plan, each ready when its bytes are.
+
+    ``buckets`` are byte sizes in issue order covering the layers' gradients
+    in backward order (a bucket never splits a parameter, and a layer holds
+    whole parameters, so cumulative bytes tell where each bucket ends): a
+    bucket is ready when the first layer whose cumulative gradient bytes
+    reach the bucket's cumulative bytes has finished its backward.
+    """
+    sizes = [float(b) for b in buckets]
+    if not sizes or any(not (b > 0 and math.isfinite(b)) for b in sizes):
+        raise ValueError('bucket plan: sizes must be finite numbers > 0 bytes, got %r'
+                         % (buckets,))
+    total = workload.grad_bytes
+    if abs(sum(sizes) - total) > 1e-6 * max(total, 1.0):
+        raise ValueError('bucket plan: the buckets hold %g bytes, the layers %g'
+                         % (sum(sizes), total))
+    out, layers = [], list(workload.layers)
+    done = covered = t = 0.0
+    i = 0
+    for b in sizes:
+        done += b
+        names = []
+        while i < len(layers) and covered < done * (1 - 1e-9):
+            covered += layers[i].grad_bytes
+            t += layers[i].backward_s
+            names.append(layers[i].name)
+            i += 1
+        out.append(Message(t, b, 1, tuple(names)))
     return out
 
 
@@ -246,29 +286,38 @@ WIRE_SCALE = {'float32': 1.0, 'float16': 0.5, 'bfloat16': 0.5}
 
 
 def step_time(workload, net, k, overlap=True, bucket_cap_bytes=None, barrier=False,
-              wire_dtype='float32'):
+              wire_dtype='float32', buckets=None, cast_s_per_byte=0.0, sync_s=0.0,
+              sync_queued=False):
     """Predict one step's time on ``k`` workers; returns a :class:`StepResult`.
 
     ``overlap`` True: allreduces start as their bucket becomes ready, on one
     FIFO comm stream. False: they all run after backward (serial), plus a
     barrier if ``barrier``. ``wire_dtype``: what the gradients travel as
-    (buckets are still planned on float32 bytes; the casts' CPU time is
-    not modelled).
+    (buckets are still planned on float32 bytes). ``buckets``: a given
+    bucket plan (see :func:`planned_messages`). ``cast_s_per_byte``: the
+    wire casts' seconds per float32 byte, on the comm stream (0 by default:
+    the presets' GPUs cast at memory speed). ``sync_s``: seconds of the
+    collectives the training thread runs after backward, before waiting for
+    the buckets (e.g. the allreduce of the loss statistics), in both modes;
+    ``sync_queued`` True: in the overlapped mode they wait for the buckets
+    already on the comm stream (MPI over one TCP stream per pair of ranks
+    delivers their messages behind the buckets'), else they run beside them.
     """
     k = net.check_workers(k)
-    msgs = make_messages(workload, bucket_cap_bytes)
+    msgs = make_messages(workload, bucket_cap_bytes, buckets)
     bwd = workload.backward_s
-    costs = [m.cost(net, k, WIRE_SCALE[wire_dtype]) for m in msgs]
+    costs = [m.cost(net, k, WIRE_SCALE[wire_dtype], cast_s_per_byte) for m in msgs]
     comm = sum(costs)
+    sync = sync_s
     if overlap:
         free = 0.0                          # when the comm stream is next idle
         for m, c in zip(msgs, costs):
             free = max(m.ready_s, free) + c
-        tail = max(bwd, free)
+        tail = max(bwd, free) + sync if sync_queued else max(bwd + sync, free)
     else:
         if barrier:
             comm += net.barrier(k)
-        tail = bwd + comm
+        tail = bwd + sync + comm
     return StepResult(k=k, overlap=overlap, forward_s=workload.forward_s,
                       backward_s=bwd, comm_s=comm, step_s=workload.forward_s + tail,
                       allreduces=sum(m.count for m in msgs), messages=msgs)

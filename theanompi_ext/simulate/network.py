@@ -21,6 +21,11 @@ Formulas, for ``p`` ranks and ``N`` bytes (Thakur, Rabenseifner & Gropp
     this is the familiar fold-in ``2 alpha + N/bw + 2 (alpha + N/bw)``. The
     small blocks' own halving runs while the big one's does, so it is not
     counted; their hand-offs are counted one after another (conservative).
+``asa`` (alltoall, sum, allgather: Theano-MPI's ``asa16``, this project's
+    16-bit MPI method) an alltoall whose ``p-1`` transfers of ``N/p`` bytes
+    are in flight together (one latency), then an allgather by recursive
+    doubling (``ceil(log2 p)`` latencies, MPICH's algorithm for short
+    messages): ``(1 + ceil(log2 p)) alpha + 2(p-1)/p N/bw``.
 ``hierarchical`` (NCCL-style, Goyal et al. 2017 section 4)
     ``G`` GPUs per server, ``k/G`` servers: an intra-node reduce to a leader,
     an inter-node allreduce among the leaders, and an
@@ -41,7 +46,7 @@ so flat ``rhd`` on multi-GPU servers is an estimate, not a bound.
 import math
 from dataclasses import dataclass
 
-ALGORITHMS = ('ring', 'rhd', 'hierarchical')
+ALGORITHMS = ('ring', 'rhd', 'asa', 'hierarchical')
 
 
 def _check_ranks(p):
@@ -83,6 +88,15 @@ def rhd_allreduce(nbytes, p, alpha, bw):
         # hands them to the next larger block and gets the result back.
         t += 2 * (alpha + nbytes / b / bw)
     return t
+
+
+def asa_allreduce(nbytes, p, alpha, bw):
+    """Seconds for an alltoall + local sum + allgather of ``nbytes`` over ``p`` ranks."""
+    p = _check_ranks(p)
+    _check_link(alpha, bw)
+    if p == 1:
+        return 0.0
+    return (1 + math.ceil(math.log2(p))) * alpha + 2.0 * (p - 1) / p * nbytes / bw
 
 
 def chain_reduce(nbytes, p, alpha, bw):
@@ -167,8 +181,14 @@ class Network:
             alpha, bw = self.intra_alpha, self.intra_bandwidth
         else:
             alpha, bw = self.alpha, self.bandwidth
-        algo = ring_allreduce if self.algorithm == 'ring' else rhd_allreduce
+        algo = {'ring': ring_allreduce, 'rhd': rhd_allreduce, 'asa': asa_allreduce}[self.algorithm]
         return algo(nbytes, k, alpha, bw)
+
+    def latency_steps(self, k):
+        """How many latency terms one allreduce among ``k`` workers pays (its alpha count)."""
+        unit = Network(self.algorithm, 1.0, self.bandwidth, 1.0, self.intra_bandwidth,
+                       self.gpus_per_node)
+        return unit.allreduce(0, k)
 
     def barrier(self, k):
         """Seconds for a barrier: an allreduce of zero bytes (latency only)."""
