@@ -238,7 +238,7 @@ class ObjectsOverMPI(object):
         wait_test(req.Test, timeout_s, lambda: (
             'barrier %r: not every rank arrived within %.1f s (rank %d of %d waited; a rank '
             'failed, is stopped, or is elsewhere)' % (label or 'barrier', timeout_s,
-                                                      self.rank, self.size)))
+                                                      self.rank, self.size)), poll_s=0.005)
 
     def abort(self, code=1):
         self.comm.Abort(code)

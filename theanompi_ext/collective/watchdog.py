@@ -466,7 +466,8 @@ class WatchedCommunicator(Communicator):
 
     def allreduce(self, buf, op='sum', label=None):
         """Watched :meth:`Communicator.allreduce`; ``label`` names it in reports."""
-        with self.watchdog.waiting(label or '%s allreduce of %d floats' % (op, buf.size)):
+        with self.watchdog.waiting(label or '%sallreduce of %d floats'
+                                   % ('' if op == 'sum' else op + ' ', buf.size)):
             return self.inner.allreduce(buf, op=op, label=label)
 
     @property
