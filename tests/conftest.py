@@ -40,6 +40,14 @@ def mpirun():
     return run_mpi
 
 
+def run_mpi_json(nprocs, script, *args, timeout=300, env=None):
+    """:func:`run_mpi` that must exit 0; returns the JSON of the last stdout line."""
+    import json
+    res = run_mpi(nprocs, script, *args, timeout=timeout, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 # -- the OpenCL device (pygpu + pocl, `make gpu-deps`) ---------------------------
 os.environ.setdefault('POCL_CACHE_DIR', os.path.join(ROOT, '.cache', 'pocl'))
 OPENCL_DEVICE = 'opencl0:0'

@@ -61,6 +61,9 @@ class FakeMPIComm(object):
     def Barrier(self):
         pass
 
+    def Dup(self):
+        return self      # the bounded barrier's communicator (collective/base.py)
+
     def Abort(self, code=1):
         self.aborted = code
 

@@ -31,8 +31,8 @@ def rank_main(spec_path, measure):
 
     def run():
         res = measure(spec)
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.Get_rank() == 0:
+        from ..collective.world import world_comm
+        if world_comm().Get_rank() == 0:
             with open(spec['out'], 'w') as f:
                 json.dump(res, f)
     return guarded(run)

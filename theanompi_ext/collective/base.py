@@ -1,14 +1,58 @@
 """The collective-communication interface every backend implements.
 
-A backend sums float32 buffers in place across ranks, either now
-(:meth:`Communicator.allreduce`) or started now and finished later
-(:meth:`Communicator.start_allreduce` returns a :class:`Handle`). Started
-allreduces are performed in the order they were started, on every rank;
-that shared order is what keeps ranks from deadlocking, so callers must
-start the same sequence of buffers on every rank.
+A backend reduces float32 buffers in place across ranks, either now
+(:meth:`Communicator.allreduce`, with an ``op`` of :data:`REDUCE_OPS`) or
+started now and finished later (:meth:`Communicator.start_allreduce`, a sum,
+returns a :class:`Handle`). Started allreduces are performed in the order
+they were started, on every rank; that shared order is what keeps ranks
+from deadlocking, so callers must start the same sequence of buffers on
+every rank, and wait for every handle they started (:func:`wait_all`,
+:func:`drain`), also when a step fails.
+
+Every collective takes a ``label`` (a started allreduce: its ``name``): the
+text a stall or timeout report names it by (collective/watchdog.py); a
+backend without a watchdog ignores it. A timeout (``barrier(timeout_s=)``,
+``Handle.wait(timeout=)``) is honoured, raising :class:`CollectiveTimeout`,
+or refused by name: no backend accepts one and waits longer.
 """
 import threading
 import time
+
+#: What :meth:`Communicator.allreduce` can reduce with.
+REDUCE_OPS = ('sum', 'max', 'min')
+
+
+class CollectiveTimeout(TimeoutError):
+    """A bounded collective or handle wait ran out of time (the message names it)."""
+
+
+def check_op(op):
+    """Refuse a reduction :data:`REDUCE_OPS` does not name."""
+    if op not in REDUCE_OPS:
+        raise ValueError('unknown reduce op %r; choose from %s' % (op, ', '.join(REDUCE_OPS)))
+    return op
+
+
+def check_timeout(timeout_s, what='timeout_s'):
+    """Refuse a timeout that is neither None (wait forever) nor a number of seconds > 0."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s > 0:
+        raise ValueError('%s must be None (no limit) or a number of seconds > 0, got %r'
+                         % (what, timeout_s))
+    return float(timeout_s)
+
+
+def wait_test(test, timeout_s, message, poll_s=1e-3):
+    """Call ``test()`` until it returns True; after ``timeout_s`` raise
+    :class:`CollectiveTimeout` with ``message()``. Sleeps ``poll_s`` between
+    tests (the test of an MPI request needs the GIL; a sleep gives it back)."""
+    deadline = time.monotonic() + timeout_s
+    while not test():
+        if time.monotonic() >= deadline:
+            raise CollectiveTimeout(message())
+        time.sleep(poll_s)
 
 
 class Handle(object):
@@ -45,11 +89,16 @@ class Handle(object):
         return self._done
 
     def wait(self, timeout=None):
-        """Block until done; re-raise a failure of the transfer; return the buffer."""
+        """Block until done; re-raise a failure of the transfer; return the buffer.
+
+        ``timeout`` (s > 0): raise :class:`CollectiveTimeout` when it has not
+        finished by then (the handle stays started: wait on it again).
+        """
+        timeout = check_timeout(timeout, 'timeout')
         if not self._done:
             if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-                raise TimeoutError('allreduce %r did not finish within %.1f s'
-                                   % (self.name, timeout))
+                raise CollectiveTimeout('allreduce %r did not finish within %.1f s'
+                                        % (self.name, timeout))
             self._lock.release()     # let any other waiter through
         if self.error is not None:
             raise RuntimeError('allreduce %r failed: %s' % (self.name, self.error))
@@ -65,6 +114,35 @@ class CompletedHandle(Handle):
         self._finish()
 
 
+def wait_all(handles, after=None):
+    """Wait for every handle, in order; ``after(i)`` once handle ``i`` holds its sum.
+
+    When a wait fails the remaining handles are still waited for (:func:`drain`)
+    before the first error is raised, so no transfer is left running into a
+    buffer the caller may reuse.
+    """
+    for i, h in enumerate(handles):
+        try:
+            h.wait()
+        except Exception:
+            drain(handles[i + 1:])
+            raise
+        if after is not None:
+            after(i)
+
+
+def drain(handles):
+    """Wait for every handle, ignoring their failures (an error path: the
+    caller is already raising); returns the errors seen."""
+    errors = []
+    for h in handles:
+        try:
+            h.wait()
+        except Exception as exc:
+            errors.append(exc)
+    return errors
+
+
 class Communicator(object):
     """Interface of a collective backend (see module docstring).
 
@@ -77,28 +155,38 @@ class Communicator(object):
     #: (``wire=``); the sum is float32 whatever travels (collective/wire.py).
     wire_dtypes = ('float32',)
 
-    def allreduce(self, buf):
-        """Sum the contiguous float32 array ``buf`` over all ranks, in place."""
+    def allreduce(self, buf, op='sum', label=None):
+        """Reduce the contiguous float32 array ``buf`` over all ranks, in place,
+        with ``op`` (one of :data:`REDUCE_OPS`); returns ``buf``."""
         raise NotImplementedError
 
     def start_allreduce(self, buf, name=None, wire='float32'):
         """Start an in-place sum of ``buf``; return a :class:`Handle`.
 
         The buffer must not be touched until the handle is waited on.
-        ``wire``: one of :attr:`wire_dtypes`, what the values travel as.
+        ``name`` labels it; ``wire``: one of :attr:`wire_dtypes`, what the
+        values travel as.
         """
         raise NotImplementedError
 
-    def allgather(self, obj):
+    def allgather(self, obj, label=None):
         """Gather a small picklable-free Python object (str/int/tuple) from every rank."""
         raise NotImplementedError
 
-    def bcast(self, obj, root=0):
+    def bcast(self, obj, root=0, label=None):
         """Broadcast a small Python object from ``root``."""
         raise NotImplementedError
 
-    def barrier(self):
-        """Wait for every rank."""
+    def barrier(self, timeout_s=None, label=None):
+        """Wait for every rank.
+
+        With ``timeout_s`` (> 0) the barrier is bounded: it raises
+        :class:`CollectiveTimeout` on a rank that waited that long without
+        every rank arriving. A bounded barrier runs on a communicator of its
+        own, so a rank may call it while others are inside any other
+        collective (an agreement after a failure, train/faults.py); after a
+        timeout the ranks' bounded barriers are out of step: end the job.
+        """
         raise NotImplementedError
 
     def abort(self, code=1):
@@ -117,20 +205,53 @@ class ObjectsOverMPI(object):
     """Small-object collectives of a backend that holds an mpi4py ``comm``.
 
     Every backend (MPI, NCCL, pygpu) exchanges plans and checks over MPI,
-    so they share these four methods.
+    so they share these methods, the bounded barrier and host reductions.
+    The constructor calls :meth:`_init_objects` (collective).
     """
+    _agree_comm = None
 
-    def allgather(self, obj):
+    def _init_objects(self, comm):
+        self.comm = comm
+        # Made now: Dup is collective, and a bounded barrier is wanted when
+        # ranks may be anywhere (a world of one needs none).
+        self._agree_comm = comm.Dup() if comm.Get_size() > 1 else None
+
+    def _free_objects(self):
+        if self._agree_comm is not None:
+            self._agree_comm.Free()
+            self._agree_comm = None
+
+    def allgather(self, obj, label=None):
         return self.comm.allgather(obj)
 
-    def bcast(self, obj, root=0):
+    def bcast(self, obj, root=0, label=None):
         return self.comm.bcast(obj, root=root)
 
-    def barrier(self):
-        self.comm.Barrier()
+    def barrier(self, timeout_s=None, label=None):
+        timeout_s = check_timeout(timeout_s)
+        if timeout_s is None:
+            self.comm.Barrier()
+            return
+        if self._agree_comm is None:
+            return            # one rank: every rank has arrived
+        req = self._agree_comm.Ibarrier()
+        wait_test(req.Test, timeout_s, lambda: (
+            'barrier %r: not every rank arrived within %.1f s (rank %d of %d waited; a rank '
+            'failed, is stopped, or is elsewhere)' % (label or 'barrier', timeout_s,
+                                                      self.rank, self.size)), poll_s=0.005)
 
     def abort(self, code=1):
         self.comm.Abort(code)
+
+    def host_allreduce(self, buf, op='sum'):
+        """Reduce host float32 ``buf`` in place over ``comm`` with ``op``."""
+        check_buffer(buf)
+        check_op(op)
+        if self.comm.Get_size() > 1:
+            from mpi4py import MPI
+            self.comm.Allreduce(MPI.IN_PLACE, buf,
+                                op={'sum': MPI.SUM, 'max': MPI.MAX, 'min': MPI.MIN}[op])
+        return buf
 
 
 def check_wire(comm, wire):

@@ -3,7 +3,8 @@
 Used by one-process runs and reference computations, so the same training
 code runs with and without MPI.
 """
-from .base import Communicator, CompletedHandle, check_buffer, check_wire
+from .base import (Communicator, CompletedHandle, check_buffer, check_op, check_timeout,
+                   check_wire)
 from .wire import WIRE_DTYPES
 
 
@@ -12,8 +13,9 @@ class LocalCommunicator(Communicator):
     name = 'local'
     wire_dtypes = WIRE_DTYPES      # nothing travels: every wire is the identity
 
-    def allreduce(self, buf):
+    def allreduce(self, buf, op='sum', label=None):
         check_buffer(buf)
+        check_op(op)
         return buf
 
     def start_allreduce(self, buf, name=None, wire='float32'):
@@ -21,14 +23,14 @@ class LocalCommunicator(Communicator):
         check_wire(self, wire)
         return CompletedHandle(buf, name)
 
-    def allgather(self, obj):
+    def allgather(self, obj, label=None):
         return [obj]
 
-    def bcast(self, obj, root=0):
+    def bcast(self, obj, root=0, label=None):
         return obj
 
-    def barrier(self):
-        pass
+    def barrier(self, timeout_s=None, label=None):
+        check_timeout(timeout_s)
 
     def abort(self, code=1):
         import os

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from .base import (Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer,
-                   check_wire)
+                   check_op, check_timeout, check_wire, wait_test)
 from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, wire_allreduce, free_ops
 from .wire import WIRE_DTYPES
 
@@ -80,7 +80,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self.wire_method = wire_method
         self._wire_ops = {}
         self._MPI = MPI
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self._init_objects(comm if comm is not None else MPI.COMM_WORLD)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.progress = progress
@@ -103,13 +103,19 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self._thread = None
 
     # -- blocking ---------------------------------------------------------
-    def allreduce(self, buf, wire='float32'):
+    def allreduce(self, buf, op='sum', label=None, wire='float32'):
+        """:meth:`Communicator.allreduce`; ``wire`` (sums only) as for
+        :meth:`start_allreduce`."""
         check_buffer(buf)
+        check_op(op)
         check_wire(self, wire)
+        if wire != 'float32' and op != 'sum':
+            raise ValueError('a %s wire exists for sums only, not op=%r' % (wire, op))
         if self.size > 1 and wire != 'float32':
-            wire_allreduce(self.comm, buf, wire, self.wire_method, 'allreduce', self._wire_ops)
-        elif self.size > 1:
-            self.comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
+            wire_allreduce(self.comm, buf, wire, self.wire_method, label or 'allreduce',
+                           self._wire_ops)
+        else:
+            self.host_allreduce(buf, op)
         return buf
 
     # -- started ------------------------------------------------------------
@@ -130,10 +136,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
                 if not self._issuing:    # else whoever is issuing looks again when done
                     self._cond.notify()
         else:
-            handle = Handle(buf, name)
-            handle.t_start = time.perf_counter()
-            req = self._bg_comm.Iallreduce(self._MPI.IN_PLACE, buf, op=self._MPI.SUM)
-            handle.wait = _request_wait(handle, req)
+            handle = _RequestHandle(buf, name, self._bg_comm.Iallreduce(
+                self._MPI.IN_PLACE, buf, op=self._MPI.SUM))
         return handle
 
     def _ensure_thread(self):
@@ -199,6 +203,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         if self._bg_comm is not None:
             self._bg_comm.Free()
             self._bg_comm = None
+        self._free_objects()
 
     def describe(self):
         wait = ('tests + sleeps <= %g us' % self.thread_poll_us if self.thread_poll_us
@@ -263,13 +268,30 @@ class _StartedHandle(Handle):
         return Handle.wait(self, timeout)
 
 
-def _request_wait(handle, req):
-    def wait(timeout=None):
-        if not handle.done():
-            req.Wait()
-            handle._finish()
-        return handle.buf
-    return wait
+class _RequestHandle(Handle):
+    """An ``Iallreduce`` request (``progress='request'``); ``wait(timeout)``
+    tests it until ``timeout`` (then :class:`~.base.CollectiveTimeout`)."""
+
+    def __init__(self, buf, name, req):
+        Handle.__init__(self, buf, name)
+        self.t_start = self.t_queued
+        self._req = req
+
+    def done(self):
+        if not self._done and self._req.Test():
+            self._finish()
+        return self._done
+
+    def wait(self, timeout=None):
+        timeout = check_timeout(timeout, 'timeout')
+        if not self._done:
+            if timeout is None:
+                self._req.Wait()
+                self._finish()
+            else:
+                wait_test(self.done, timeout, lambda: 'allreduce %r did not finish within '
+                          '%.1f s' % (self.name, timeout))
+        return self.buf
 
 
 def library_version():

@@ -51,9 +51,9 @@ import time
 
 import numpy as np
 
-from .base import Communicator, Handle, ObjectsOverMPI
+from .base import Communicator, Handle, ObjectsOverMPI, check_timeout, wait_test
 from .world import world_comm
-from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM,
+from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM, NCCL_MAX, NCCL_MIN,
                        NCCL_FLOAT16, NCCL_BFLOAT16, load_library, INSTALL_HINT, SHORT_HINT)
 from .wire import WIRE_DTYPES, bfloat16_to_float32, float32_to_bfloat16
 
@@ -397,16 +397,14 @@ class NCCLHandle(Handle):
         reports asynchronous NCCL failures.
         """
         sync = self._sync if sync is None else sync
+        timeout = check_timeout(timeout, 'timeout')
         if sync or timeout is not None:
             if timeout is None:
                 self._done_event.synchronize()
             else:
-                deadline = time.perf_counter() + timeout
-                while not self._done_event.done:
-                    if time.perf_counter() > deadline:
-                        raise TimeoutError('allreduce %r did not finish within %.1f s'
-                                           % (self.name, timeout))
-                    time.sleep(50e-6)
+                wait_test(lambda: self._done_event.done, timeout,
+                          lambda: 'allreduce %r did not finish within %.1f s'
+                          % (self.name, timeout), poll_s=50e-6)
             self._finish()      # idempotent
             self.host_synced = True
             self._owner._raise_async_error(self.name)
@@ -452,6 +450,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.sync_wait = bool(sync_wait)
+        self._init_objects(comm)
         self._nccl = None
         self._inflight = []
         local_rank, _ = _local_rank(comm)   # collective: before anything can fail
@@ -550,6 +549,9 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
     # -- allreduce ----------------------------------------------------------------
     def start_allreduce(self, buf, name=None, wire='float32'):
         """Enqueue an in-place float32 sum of ``buf`` on the comm stream; see module docstring."""
+        return self._start(buf, name, wire, NCCL_SUM)
+
+    def _start(self, buf, name, wire, nccl_op):
         from .base import check_wire
         check_wire(self, wire)
         if wire == 'bfloat16' and tuple(self.lib.version) < (2, 10):
@@ -574,7 +576,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
             ready.record(compute)
             self.stream.wait_event(ready)
             if wire == 'float32':
-                self.lib.all_reduce(info.ptr, info.ptr, info.count, NCCL_FLOAT32, NCCL_SUM,
+                self.lib.all_reduce(info.ptr, info.ptr, info.count, NCCL_FLOAT32, nccl_op,
                                     self._nccl, self.stream.ptr)
             else:
                 self._wire_allreduce(buf, wire)
@@ -600,9 +602,12 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
             device_from_wire(cp, w, x, wire)
         # freed by CuPy's stream-ordered pool after the cast back is queued
 
-    def allreduce(self, buf):
-        """Sum ``buf`` over all ranks in place; returns once the host can read it."""
-        self.start_allreduce(buf).wait(sync=True)
+    def allreduce(self, buf, op='sum', label=None):
+        """Reduce device ``buf`` over all ranks in place with ``op``; returns once
+        the host can read it."""
+        from .base import check_op
+        nccl_op = {'sum': NCCL_SUM, 'max': NCCL_MAX, 'min': NCCL_MIN}[check_op(op)]
+        self._start(buf, label, 'float32', nccl_op).wait(sync=True)
         return buf
 
     def _raise_async_error(self, name):
@@ -628,6 +633,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         self._inflight = []
         comm, self._nccl = self._nccl, None
         self.lib.comm_destroy(comm)
+        self._free_objects()
 
     def describe(self):
         try:

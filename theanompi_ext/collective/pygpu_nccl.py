@@ -20,7 +20,7 @@ costs nothing unless the host must read the result (``sync=True`` calls
 pygpu is not installable from any reachable registry; this class is
 written to the documented API and tested against a fake that mirrors it.
 """
-from .base import Communicator, Handle, ObjectsOverMPI
+from .base import Communicator, Handle, ObjectsOverMPI, check_op, check_timeout, check_wire
 from .nccl import SizeChecked, float32_device_buffer
 from .world import world_comm
 
@@ -59,7 +59,14 @@ class PygpuHandle(Handle):
         return True
 
     def wait(self, timeout=None, sync=False):
-        """Return the buffer; with ``sync=True`` block the host until it holds the sum."""
+        """Return the buffer; with ``sync=True`` block the host until it holds the sum.
+
+        ``timeout`` is refused: ``GpuArray.sync()`` cannot be bounded.
+        """
+        if check_timeout(timeout, 'timeout') is not None:
+            raise ValueError('a pygpu-nccl allreduce cannot be waited for with a timeout '
+                             '(GpuArray.sync() blocks until the context is idle); '
+                             'wait with timeout=None')
         if sync and hasattr(self.buf, 'sync'):
             self.buf.sync()
         self._finish()      # idempotent
@@ -79,27 +86,36 @@ class PygpuNCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         self._init_size_check(size_check)
         comm = comm if comm is not None else world_comm()
         self.gpucomm = gpucomm
-        self.comm = comm
         self.rank = _comm_int(gpucomm, 'rank')
         self.size = _comm_int(gpucomm, 'count')
         if (self.rank, self.size) != (comm.Get_rank(), comm.Get_size()):
             raise ValueError('gpucomm is rank %d of %d but the MPI comm is rank %d of %d; '
                              'build the gpucomm over the same ranks'
                              % (self.rank, self.size, comm.Get_rank(), comm.Get_size()))
+        self._init_objects(comm)
 
-    def start_allreduce(self, buf, name=None):
+    def start_allreduce(self, buf, name=None, wire='float32'):
         """Enqueue ``all_reduce(buf, '+', buf)`` on the context stream; return a handle."""
+        check_wire(self, wire)
+        return self._start(buf, name, '+')
+
+    def _start(self, buf, name, op):
         info = float32_device_buffer(buf)
         if info.kind != 'pygpu':
             raise TypeError('PygpuNCCLCommunicator needs a pygpu GpuArray, got %s; use the '
                             '"nccl" backend for CuPy arrays' % type(buf).__name__)
         self._check_size(name, info.count)
-        self.gpucomm.all_reduce(buf, '+', buf)
+        self.gpucomm.all_reduce(buf, op, buf)
         return PygpuHandle(buf, name)
 
-    def allreduce(self, buf):
-        """Sum ``buf`` in place over all ranks; returns once the host could read it."""
-        return self.start_allreduce(buf).wait(sync=True)
+    def allreduce(self, buf, op='sum', label=None):
+        """Reduce ``buf`` in place over all ranks with ``op``; returns once the
+        host could read it."""
+        return self._start(buf, label, {'sum': '+', 'max': 'max', 'min': 'min'}[check_op(op)]
+                           ).wait(sync=True)
+
+    def close(self):
+        self._free_objects()
 
     def describe(self):
         return 'pygpu-nccl rank %d/%d (pygpu GpuComm on the context stream)' % (self.rank, self.size)

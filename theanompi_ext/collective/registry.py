@@ -1,10 +1,22 @@
-"""Backend registry: name -> constructor, and what is available here."""
-from .world import world_comm
+"""Backend registry: name -> constructor, what each sums, and what is available here."""
+from .world import launcher_rank_size, world_comm
+
+
+class BackendRefused(ValueError):
+    """A backend name this job cannot use (every rank refuses it alike: bad input)."""
+    bad_input = True
+    all_ranks = True
 
 
 def _local(**kw):
+    # A world of one inside a job of several ranks would train as many
+    # separate models (collective/world.py): refuse it by name.
+    rank, size = launcher_rank_size()
+    if size is not None and size > 1:
+        raise BackendRefused("the 'local' backend is a world of one rank, but this process is "
+                         "rank %d of an MPI job of %d: choose 'mpi' or 'auto'" % (rank, size))
     from .local import LocalCommunicator
-    return LocalCommunicator()
+    return LocalCommunicator(**kw)
 
 
 def _mpi(**kw):
@@ -17,7 +29,33 @@ def _nccl(**kw):
     return NCCLCommunicator(**kw)
 
 
-BACKENDS = {'local': _local, 'mpi': _mpi, 'nccl': _nccl}
+def _pygpu_nccl(gpucomm=None, context=None, comm=None, **kw):
+    from .pygpu_nccl import PygpuNCCLCommunicator, make_gpucomm
+    if gpucomm is None:
+        if context is None:
+            raise ValueError("the 'pygpu-nccl' backend needs gpucomm= (a "
+                             "pygpu.collectives.GpuComm) or context= (the pygpu GpuContext "
+                             "to build one on)")
+        gpucomm = make_gpucomm(context, comm)
+    return PygpuNCCLCommunicator(gpucomm, comm, **kw)
+
+
+#: name -> (constructor, the memory its allreduce sums: 'host' numpy arrays or
+#: 'device' GPU arrays).
+BACKENDS = {'local': (_local, 'host'), 'mpi': (_mpi, 'host'), 'nccl': (_nccl, 'device'),
+            'pygpu-nccl': (_pygpu_nccl, 'device')}
+
+
+def backend_names():
+    """Every registered backend name and ``'auto'``."""
+    return tuple(sorted(BACKENDS)) + ('auto',)
+
+
+def host_backends():
+    """``'auto'`` and the backends that sum host (numpy) buffers: those the
+    trainer can use, whose gradients are host arrays or staged through host
+    memory (``train/device_step.py``)."""
+    return ('auto',) + tuple(sorted(n for n, (_, mem) in BACKENDS.items() if mem == 'host'))
 
 
 def create_communicator(name='auto', **options):
@@ -25,10 +63,10 @@ def create_communicator(name='auto', **options):
     if name == 'auto':
         name = 'mpi' if _mpi_world_size() > 1 else 'local'
     try:
-        factory = BACKENDS[name]
+        factory, _ = BACKENDS[name]
     except KeyError:
-        raise ValueError('unknown collective backend %r; choose from %s'
-                         % (name, sorted(BACKENDS) + ['auto']))
+        raise BackendRefused('unknown collective backend %r; choose from %s'
+                             % (name, ', '.join(backend_names())))
     return factory(**options)
 
 
@@ -52,4 +90,14 @@ def available_backends():
     except Exception as exc:
         ok, why = False, str(exc)
     out.append(('nccl', ok, why))
+    out.append(('pygpu-nccl',) + _pygpu_collectives())
     return out
+
+
+def _pygpu_collectives():
+    """(available, reason) of pygpu's NCCL collectives, without opening a device."""
+    try:
+        from pygpu import collectives  # noqa: F401
+    except Exception as exc:
+        return False, 'pygpu.collectives unusable: %s: %s' % (type(exc).__name__, exc)
+    return True, 'pygpu.collectives (needs a CUDA context and a pygpu built with NCCL)'

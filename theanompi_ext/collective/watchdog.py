@@ -418,12 +418,39 @@ def _thread_multiple():
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
+class WatchedHandle(object):
+    """A started allreduce whose :meth:`wait` is one watched wait named ``label``.
+
+    Wraps the backend's handle (never patches it): ``wait`` passes every
+    argument through (``timeout``, NCCL's and pygpu's ``sync=``), everything
+    else (``buf``, ``name``, ``done()``, the timeline's stamps) is the inner
+    handle's.
+    """
+
+    def __init__(self, inner, watchdog, label):
+        self.inner, self.watchdog, self.label = inner, watchdog, label
+
+    def __getattr__(self, attr):
+        if attr in ('inner', 'watchdog', 'label'):
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def wait(self, timeout=None, **kw):
+        """The inner handle's ``wait(timeout, **kw)``, watched."""
+        with self.watchdog.waiting(self.label):
+            return self.inner.wait(timeout, **kw)
+
+    def __repr__(self):
+        return 'WatchedHandle(%r)' % (self.inner,)
+
+
 class WatchedCommunicator(Communicator):
     """``comm`` with every collective watched by ``watchdog``.
 
     Delegates everything to ``comm``; collectives entered while the
     watchdog is armed are bounded and labelled (a started allreduce is
-    labelled by its name, e.g. ``bucket3``, when it is waited on).
+    labelled by its name, e.g. ``bucket3``, when it is waited on: its handle
+    is a :class:`WatchedHandle`).
     """
 
     def __init__(self, comm, watchdog):
@@ -437,40 +464,35 @@ class WatchedCommunicator(Communicator):
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
-    def allreduce(self, buf, label=None):
+    def allreduce(self, buf, op='sum', label=None):
         """Watched :meth:`Communicator.allreduce`; ``label`` names it in reports."""
-        with self.watchdog.waiting(label or 'allreduce of %d floats' % buf.size):
-            return self.inner.allreduce(buf)
+        with self.watchdog.waiting(label or '%sallreduce of %d floats'
+                                   % ('' if op == 'sum' else op + ' ', buf.size)):
+            return self.inner.allreduce(buf, op=op, label=label)
 
     @property
     def wire_dtypes(self):
         return self.inner.wire_dtypes
 
     def start_allreduce(self, buf, name=None, wire='float32'):
-        """Start on ``comm``; the returned handle's ``wait`` is watched."""
-        # float32 keeps the plain call (backends without a wire argument)
+        """Start on ``comm``; the returned :class:`WatchedHandle`'s ``wait`` is watched."""
+        # float32 keeps the plain call (backends written before the wire argument)
         handle = (self.inner.start_allreduce(buf, name) if wire == 'float32'
                   else self.inner.start_allreduce(buf, name, wire=wire))
-        inner_wait = handle.wait
-        dog = self.watchdog
+        return WatchedHandle(handle, self.watchdog,
+                             name or 'started allreduce of %d floats' % buf.size)
 
-        def wait(timeout=None):
-            with dog.waiting(name or 'started allreduce of %d floats' % buf.size):
-                return inner_wait(timeout)
-        handle.wait = wait
-        return handle
+    def allgather(self, obj, label=None):
+        with self.watchdog.waiting(label or 'allgather'):
+            return self.inner.allgather(obj, label=label)
 
-    def allgather(self, obj):
-        with self.watchdog.waiting('allgather'):
-            return self.inner.allgather(obj)
+    def bcast(self, obj, root=0, label=None):
+        with self.watchdog.waiting(label or 'bcast from %d' % root):
+            return self.inner.bcast(obj, root, label=label)
 
-    def bcast(self, obj, root=0):
-        with self.watchdog.waiting('bcast from %d' % root):
-            return self.inner.bcast(obj, root)
-
-    def barrier(self):
-        with self.watchdog.waiting('barrier'):
-            self.inner.barrier()
+    def barrier(self, timeout_s=None, label=None):
+        with self.watchdog.waiting(label or 'barrier'):
+            self.inner.barrier(timeout_s, label=label)
 
     def abort(self, code=1):
         self.inner.abort(code)

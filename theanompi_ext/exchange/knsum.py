@@ -1,5 +1,21 @@
-"""The kn-sum gradient exchange over buckets (serial and started forms)."""
+"""The kn-sum gradient exchange over buckets (serial and started forms).
+
+Handle discipline (as Horovod's): every bucket of the plan is started once
+per step, in plan order on every rank, and every started handle is waited
+for, on the error paths too (:meth:`KnSumExchanger.drain`,
+:meth:`KnSumExchanger.settling`): a transfer left running would write into
+a gradient buffer the next step reuses, and its unmatched partner on the
+other ranks would wait for it.
+"""
+import contextlib
+
 import numpy as np
+
+from ..collective.base import check_wire, drain, wait_all
+
+
+class IncompleteExchange(RuntimeError):
+    """``finish`` came before every bucket of the plan was started."""
 
 
 class KnSumExchanger(object):
@@ -14,7 +30,6 @@ class KnSumExchanger(object):
     """
 
     def __init__(self, comm, buckets, n_exchanged_entries, local_scale, wire='float32'):
-        from ..collective.base import check_wire
         if wire != 'float32':
             check_wire(comm, wire)
         # Only a 16-bit wire is passed on: float32 keeps the plain call.
@@ -24,16 +39,20 @@ class KnSumExchanger(object):
         self.buckets = buckets
         self.n_exch = n_exchanged_entries
         self.local_scale = np.float32(local_scale)
-        self._handles = []
+        self._started = []       # this step's (bucket index, handle), in start order
         self._next = 0           # next bucket for start_ready
         self.last_handles = []   # the last finished step's handles (for the timeline)
 
     def start(self, bucket, grads):
         """Start bucket ``bucket``'s allreduce (its gradients are final)."""
-        b = self.buckets[bucket]
-        self._handles.append(self.comm.start_allreduce(grads[b.start:b.stop],
-                                                       name='bucket%d' % b.index,
-                                                       **self._wire_kw))
+        if any(i == bucket for i, _ in self._started):
+            raise ValueError('bucket%d started twice in one step' % self.buckets[bucket].index)
+        self._started.append((bucket, self._start(self.buckets[bucket], grads)))
+
+    def _start(self, b, grads):
+        """The handle of bucket ``b``'s started allreduce."""
+        return self.comm.start_allreduce(grads[b.start:b.stop], name='bucket%d' % b.index,
+                                         **self._wire_kw)
 
     def start_ready(self, n_ready, grads):
         """Start, in plan order, every bucket not yet started whose parameters
@@ -48,16 +67,52 @@ class KnSumExchanger(object):
         starts buckets of ``grads`` as they become final (:meth:`start_ready`)."""
         return lambda chunk, n_ready: self.start_ready(n_ready, grads)
 
-    def finish(self, grads):
-        """Wait for every started bucket; rescale the local tail."""
-        handles, self._handles = self._handles, []
+    def _take(self):
+        """This step's started ``(bucket, handle)`` pairs (the step is over for
+        the exchanger). Refuses a step that did not start every bucket of the
+        plan, after waiting for those it did start."""
+        started, self._started = self._started, []
         self._next = 0
-        self.last_handles = handles
-        for h in handles:
-            h.wait()
+        self.last_handles = [h for _, h in started]
+        missing = sorted(set(range(len(self.buckets))) - {i for i, _ in started})
+        if missing:
+            drain(self.last_handles)
+            raise IncompleteExchange(
+                'finish() before every bucket was started: %s of the %d buckets of the plan '
+                'not started (the %d started were waited for)'
+                % (', '.join('bucket%d' % self.buckets[i].index for i in missing),
+                   len(self.buckets), len(started)))
+        return started
+
+    def finish(self, grads):
+        """Wait for every bucket of the plan (refused unless all were started);
+        rescale the local tail."""
+        started = self._take()
+        wait_all([h for _, h in started])
         if self.local_scale != 1 and self.n_exch < grads.size:
             grads[self.n_exch:] *= self.local_scale
-        return handles
+        return self.last_handles
+
+    def drain(self):
+        """Wait for every handle started this step, ignoring their failures, and
+        forget them: the error path of a step that will not finish."""
+        started, self._started = self._started, []
+        self._next = 0
+        drain([h for _, h in started])
+
+    @contextlib.contextmanager
+    def settling(self):
+        """Context of a step's exchange: an ``Exception`` raised inside drains
+        the started handles (:meth:`drain`) before it propagates.
+
+        ``KeyboardInterrupt``/``SystemExit`` are not drained: the job is being
+        stopped, and waiting for peers that stop too could hang.
+        """
+        try:
+            yield self
+        except Exception:
+            self.drain()
+            raise
 
     def reduce(self, grads):
         """Serial form: all buckets, after the whole backward pass."""

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from ..collective.base import wait_all
 from .knsum import KnSumExchanger
 
 
@@ -34,23 +35,24 @@ class HostStagedExchanger(KnSumExchanger):
         fn()
         self._copies.append((name, t0, time.perf_counter(), nbytes))
 
-    def start(self, bucket, grads):
-        """Copy bucket ``bucket`` to the host and start its allreduce there."""
-        b = self.buckets[bucket]
+    def _start(self, b, grads):
+        """Copy bucket ``b`` to the host and start its allreduce there."""
         host = self.host[b.start:b.stop]
         self._copy('d2h bucket%d' % b.index, lambda: grads[b.start:b.stop].read(host),
                    host.nbytes)
-        self._handles.append(self.comm.start_allreduce(host, name='bucket%d' % b.index))
+        return self.comm.start_allreduce(host, name='bucket%d' % b.index)
 
     def finish(self, grads):
         """Wait for each started bucket and write its sum back to the device."""
-        handles, self._handles = self._handles, []
-        self._next = 0
-        self.last_handles = handles
-        for h, b in zip(handles, self.buckets):
-            h.wait()
+        started = self._take()
+
+        def write_back(i):
+            b = self.buckets[started[i][0]]
             host = self.host[b.start:b.stop]
             self._copy('h2d bucket%d' % b.index, lambda: grads[b.start:b.stop].write(host),
                        host.nbytes)
-        self.copies, self._copies = self._copies, []
-        return handles
+        try:
+            wait_all([h for _, h in started], write_back)
+        finally:
+            self.copies, self._copies = self._copies, []
+        return self.last_handles

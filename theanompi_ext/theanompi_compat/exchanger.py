@@ -70,7 +70,7 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
         count of calls gives the sub-batch the model just trained on.
         """
         recorder.start()
-        self.mpi_comm.Barrier()
+        self.comm.barrier(label='sync')
         recorder.end('sync')
         recorder.start()
         self.last = self.stepper.step(self.calls % self.stepper.n_subb)

@@ -151,12 +151,13 @@ class ContractStepper(object):
         """
         self.restore()
         if self.overlap:
-            cost, error = self.backward.run(
-                subb, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
+            with self.exchanger.settling():      # an error waits for the started buckets first
+                cost, error = self.backward.run(
+                    subb, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
+                # A non-finite gradient anywhere makes every rank's sum non-finite.
+                self.exchanger.finish(self.grads)
             if not self.backward.graph.has_error:
                 error = float('nan')
-            # A non-finite gradient anywhere makes every rank's sum non-finite.
-            self.exchanger.finish(self.grads)
         else:
             cost, error, gvals = self.gradfn(subb)
             inv_k = np.float32(1.0 / self.k)

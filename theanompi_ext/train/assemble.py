@@ -31,11 +31,7 @@ from ..exchange.modes import check_mode
 from ..exchange.rules import make_rule
 from ..params import ParamLayout, ParamSet
 from ..update.schedule import Schedule
-
-
-class RankMismatchError(ValueError):
-    """Ranks disagree on the model or the exchange plan (raised on every rank)."""
-    all_ranks = True
+from .faults import RankMismatchError
 
 
 # What every rank must have alike besides the plan: a rank that differs would

@@ -45,7 +45,8 @@ PREV_FILENAME = 'checkpoint.prev.h5'
 RESUME_MAY_CHANGE = frozenset((
     'epochs', 'max_steps', 'eval_every', 'out', 'checkpoint', 'checkpoint_every', 'resume',
     'overwrite', 'timeline', 'quiet', 'collective_timeout_s', 'stall_warn_s',
-    'write_timeout_s', 'check_replicas_every', 'bucket_cap_mb', 'first_bucket_cap_mb'))
+    'write_timeout_s', 'check_replicas_every', 'bucket_cap_mb', 'first_bucket_cap_mb',
+    'backend'))
 
 
 class CheckpointError(ValueError):

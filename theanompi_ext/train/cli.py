@@ -76,6 +76,9 @@ def main(args):
         cfg = options.config_from(args, file_values)
         if args.workers < 1:
             raise ValueError('--workers must be >= 1, got %d' % args.workers)
+        if cfg.backend == 'local' and args.workers > 1:
+            raise ValueError('--backend local is a world of one process, not --workers %d: '
+                             'choose mpi or auto' % args.workers)
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return 2

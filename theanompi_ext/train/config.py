@@ -53,6 +53,7 @@ class TrainConfig(object):
     write_timeout_s: float = 300.0       # a checkpoint/output write this long aborts (0: never)
     device: str = 'cpu'                  # cpu, cuda0, opencl0:0, or one per rank: cuda0,cuda1
     exchange_path: str = 'auto'          # device buffers: auto, host-staged or nccl
+    backend: str = 'auto'                # collective backend (collective/registry.py)
     extra: dict = field(default_factory=dict)
 
     def validate(self):
@@ -145,6 +146,12 @@ class TrainConfig(object):
             bad('device', str(exc))
         if self.exchange_path not in EXCHANGE_PATHS:
             bad('exchange_path', 'choose from %s' % (EXCHANGE_PATHS,))
+        from ..collective.registry import backend_names, host_backends
+        if self.backend not in host_backends():
+            bad('backend', 'choose from %s%s' % (host_backends(), (
+                ' (%s sums device arrays; the trainer exchanges host buffers, or device '
+                'buckets through --exchange-path)' % self.backend)
+                if self.backend in backend_names() else ''))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
         if self.resume and self.overwrite:

@@ -42,12 +42,22 @@ EXIT_TIMEOUT = 4            # == collective.watchdog.EXIT_STATUS
 RANKS_DIR_VAR = 'THEANOMPI_EXT_RANKS_DIR'
 
 
+class NonFiniteLoss(FloatingPointError):
+    """The summed loss became NaN or infinite; training stopped (on every rank)."""
+    all_ranks = True
+
+
+class RankMismatchError(ValueError):
+    """Ranks disagree on the model, the exchange plan or the run options (raised on
+    every rank; exit status 2)."""
+    all_ranks = True
+
+
 def bad_input_types():
     """Exception types that mean "bad input" (exit status 2)."""
     from ..data.hdf5 import DataError
     from .checkpoint import CheckpointError
     from .outdir import OutputFolderError
-    from .trainer import RankMismatchError
     return (DataError, CheckpointError, RankMismatchError, OutputFolderError)
 
 
@@ -76,8 +86,8 @@ def note_rank(state, rank=None):
     if not folder:
         return
     if rank is None:
-        from mpi4py import MPI
-        rank = MPI.COMM_WORLD.Get_rank()
+        from ..collective.world import world_comm
+        rank = world_comm().Get_rank()
     path = os.path.join(folder, 'rank%d' % rank)
     try:
         # Written whole then renamed, so the launcher never reads half a note.
@@ -134,7 +144,6 @@ def check_ranks_agree(trainer):
     collectives and wait for each other forever; instead every rank raises
     the same RankMismatchError (exit status 2) before the first step.
     """
-    from .trainer import RankMismatchError
     sigs = trainer.comm.allgather(run_signature(trainer))
     ref = sigs[0]
     diffs = []
@@ -150,20 +159,24 @@ def check_ranks_agree(trainer):
                                 + ('; ...' if len(diffs) > 8 else ''))
 
 
-# A communicator of its own for the agreement below: the other ranks may be
-# inside any collective of COMM_WORLD when this rank fails.
-_agree_comm = None
+# The job's communicator for the agreement below and for ending the job; its
+# bounded barrier runs on a communicator of its own (collective/base.py): the
+# other ranks may be inside any collective of the training communicator when
+# this rank fails.
+_world = None
 #: How long a rank that failed with an error all ranks should raise waits for the others.
 AGREE_TIMEOUT_S = 10.0
 
 
 def prepare_agreement():
     """Set up :func:`stopped_together` (collective: every rank at start-up, in
-    ``worker.guarded``)."""
-    global _agree_comm
-    from mpi4py import MPI
-    if _agree_comm is None and MPI.COMM_WORLD.Get_size() > 1:
-        _agree_comm = MPI.COMM_WORLD.Dup()
+    ``worker.guarded``); returns the job's communicator (``rank``, ``size``,
+    ``abort``)."""
+    global _world
+    if _world is None:
+        from ..collective import create_communicator
+        _world = create_communicator('auto')
+    return _world
 
 
 def stopped_together(exc, timeout_s=None):
@@ -178,14 +191,13 @@ def stopped_together(exc, timeout_s=None):
     """
     if not getattr(exc, 'all_ranks', False):
         return False
-    if _agree_comm is None:
+    if _world is None or _world.size == 1:
         return True     # one rank, or guarded() was bypassed: trust the mark
-    import time
-    timeout_s = AGREE_TIMEOUT_S if timeout_s is None else timeout_s
-    req = _agree_comm.Ibarrier()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if req.Test():
-            return True
-        time.sleep(0.01)
-    return False
+    from ..collective import CollectiveTimeout
+    try:
+        _world.barrier(timeout_s=AGREE_TIMEOUT_S if timeout_s is None else timeout_s,
+                       label='agreement that every rank stopped with %s'
+                       % type(exc).__name__)
+    except CollectiveTimeout:
+        return False
+    return True

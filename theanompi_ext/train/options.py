@@ -59,6 +59,8 @@ HELP = {
     'exchange_path': 'how device buffers are exchanged, one of %(choices)s: auto picks '
                      'what works, host-staged copies each ready bucket to the host for '
                      'MPI, nccl is refused with the reason (not built yet)',
+    'backend': 'collective backend of the ranks, one of %(choices)s: auto is mpi under '
+               'an MPI launcher with several ranks, else local (one process)',
     'bucket_cap_mb': 'size cap of one allreduce bucket, MB',
     'wire_dtype': 'what the gradient buckets travel as, one of %(choices)s: 16 bits halve '
                   'the bytes, the sum stays float32 (kn only; inf/nan after the cast stops '
@@ -98,7 +100,7 @@ GROUPS = (
       'decay_epochs', 'decay_factor', 'momentum', 'momentum_form', 'nesterov',
       'weight_decay')),
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
-                  'first_bucket_cap_mb', 'wire_dtype', 'exchange_path')),
+                  'first_bucket_cap_mb', 'wire_dtype', 'exchange_path', 'backend')),
     ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
@@ -145,9 +147,11 @@ def _choices():
     from ..update.schedule import WARMUPS
     from .config import WIRE_DTYPES
     from .device_step import EXCHANGE_PATHS
+    from ..collective.registry import host_backends
     return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
-            'wire_dtype': WIRE_DTYPES, 'exchange_path': EXCHANGE_PATHS}
+            'wire_dtype': WIRE_DTYPES, 'exchange_path': EXCHANGE_PATHS,
+            'backend': host_backends()}
 
 
 def _parse_bool(s):

@@ -115,8 +115,9 @@ def make_plan(cfg, workers, n_train, param_sizes, n_exch_params, layer_counts,
         buckets = 0
     chunks = len(plan_chunks(layer_counts)) if cfg.exch_strategy == 'ar-overlap' else 1
     if path is None:
-        # what create_communicator('auto') picks in the ranks
-        path = 'mpi, %d ranks' % k if k > 1 else 'local (one rank: nothing leaves the process)'
+        # what create_communicator(cfg.backend) picks in the ranks
+        mpi = cfg.backend == 'mpi' or (cfg.backend == 'auto' and k > 1)
+        path = 'mpi, %d ranks' % k if mpi else 'local (one rank: nothing leaves the process)'
     momentum = '%g, %s, Nesterov %s, weight decay %g' % (
         cfg.momentum, FORMS_TEXT.get(cfg.momentum_form, cfg.momentum_form),
         'on' if cfg.nesterov else 'off', cfg.weight_decay)

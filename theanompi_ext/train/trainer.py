@@ -16,14 +16,9 @@ from ..collective.watchdog import watch
 from ..engine import on_device
 from ..exchange.modes import OVERLAP
 from . import faults, replicas
-# RankMismatchError, check_models_match and compile_in_turn are also read from here.
-from .assemble import (RankMismatchError, assemble_step, check_models_match,  # noqa: F401
-                       compile_in_turn, make_schedule)
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The summed loss became NaN or infinite; training stopped (on every rank)."""
-    all_ranks = True
+from .faults import NonFiniteLoss, RankMismatchError  # noqa: F401 (their home was here)
+# check_models_match and compile_in_turn are also read from here.
+from .assemble import assemble_step, check_models_match, compile_in_turn, make_schedule  # noqa: F401
 
 
 class Trainer(object):
@@ -100,18 +95,19 @@ class Trainer(object):
         lr = self.schedule.lr(self.iteration)
         overlapped = self.cfg.exch_strategy == OVERLAP
         on_chunk = self.exchanger.chunk_hook(self.grads) if overlapped else None
-        loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
-        t_backward = clock()
-        self._stats[...] = (loss, err, len(y))
-        self.comm.allreduce(self._stats, label='loss stats')
-        t_stats = clock()
-        if not np.all(np.isfinite(self._stats)):
-            raise NonFiniteLoss('non-finite loss (%r) at iteration %d (epoch %d); training '
-                                'stopped before the update' % (float(self._stats[0]),
-                                                               self.iteration,
-                                                               self.iteration // self.iters_per_epoch))
-        if overlapped:
-            self.exchanger.finish(self.grads)
+        with self.exchanger.settling():      # an error waits for the started buckets first
+            loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
+            t_backward = clock()
+            self._stats[...] = (loss, err, len(y))
+            self.comm.allreduce(self._stats, label='loss stats')
+            t_stats = clock()
+            if not np.all(np.isfinite(self._stats)):
+                raise NonFiniteLoss('non-finite loss (%r) at iteration %d (epoch %d); training '
+                                    'stopped before the update'
+                                    % (float(self._stats[0]), self.iteration,
+                                       self.iteration // self.iters_per_epoch))
+            if overlapped:
+                self.exchanger.finish(self.grads)
         t_wait = clock()
         self.rule.step(self.params.values, self.grads, lr, reduced=overlapped)
         # Waited for the exchange: the loss allreduce and the buckets' finish;

@@ -32,7 +32,7 @@ def run(cfg, comm=None, log=print):
     from ..collective import create_communicator
     from ..devices import open_on_every_rank
     cfg = cfg.validate()
-    comm = comm or create_communicator('auto')
+    comm = comm or create_communicator(cfg.backend)
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
     if dev != 'cpu':
         from .device_step import choose_exchange_path
@@ -159,15 +159,13 @@ def guarded(fn):
     """
     from . import faults
     faults.stop_with_parent()
-    faults.prepare_agreement()
+    comm = faults.prepare_agreement()
     faults.note_rank('running')
     try:
         fn()
         faults.note_rank('done 0')
         return 0
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
         status = faults.exit_status(exc)
         faults.note_rank('failed %d' % status)
         from .error_location import error_location
@@ -185,7 +183,7 @@ def guarded(fn):
         if comm.size > 1 and not faults.stopped_together(exc):
             import time
             time.sleep(0.5)   # let the launcher forward this rank's message first
-            comm.Abort(status)
+            comm.abort(status)
         return status
 
 
