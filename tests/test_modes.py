@@ -181,7 +181,7 @@ class Recording(object):
         self.inner, self.other, self.gathered = LocalCommunicator(), other, []
         self.rank, self.size = 0, 1 if other is None else 2
 
-    def allgather(self, obj):
+    def allgather(self, obj, label=None):
         self.gathered.append(obj)
         if self.other is None:
             return [obj]
