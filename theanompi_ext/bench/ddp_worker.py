@@ -17,7 +17,7 @@ residual branch starting at gamma 0, no convolution biases, global average
 pooling and one fully connected layer. Same parameter count (272,474 for
 ResNet-20 with 10 classes, 4,327,754 for the 4x wide one).
 
-Modes timed (see :func:`.compare.time_modes` for the protocol):
+Modes timed (see :func:`.timing.time_modes` for the protocol):
 
 ``compute``    forward, backward and SGD step inside ``DDP.no_sync()``:
                no communication at all
@@ -144,7 +144,7 @@ def measure(spec):
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from .compare import time_modes
+    from .timing import time_modes
 
     rank, size = _rank_and_size()
     threads = int(spec['threads'])

@@ -194,16 +194,8 @@ def run_ranks(cmd, env, timeout):
     :func:`main`) stops every rank before it propagates, so the caller's
     clean-up (deleting the network namespace) runs with no rank left.
     """
-    from ..launch.mpiexec import popen_job, stop_group
-    proc = popen_job(cmd, env)      # own group, and killed with this process
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_group(proc)
-        return 124
-    except BaseException:
-        stop_group(proc)
-        raise
+    from ..launch.mpiexec import popen_job, wait_job
+    return wait_job(popen_job(cmd, env), timeout)   # own group, and killed with this process
 
 
 def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
@@ -460,7 +452,7 @@ def _measure_all(spec):
         comm = watch(comm)
     except ImportError:
         pass
-    from ..devices import open_on_every_rank
+    from ..device_open import open_on_every_rank
     open_on_every_rank(spec.get('device', 'cpu'), comm)
     rows = [measure_model(comm, name, spec) for name in spec['models']]
     if comm.rank == 0:

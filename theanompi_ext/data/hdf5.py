@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from ..atomic import fsync_dir
+from ..errors import DataError
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'val')
@@ -39,10 +40,6 @@ _CHUNK_BYTES = 1 << 18
 # Errors h5py / numpy raise on malformed content; wrapped into DataError.
 _READ_ERRORS = (OSError, KeyError, TypeError, ValueError, RuntimeError,
                 AttributeError, IndexError, OverflowError)
-
-
-class DataError(ValueError):
-    """A data file (or the data given to a writer) is missing or malformed."""
 
 
 def _name(path):

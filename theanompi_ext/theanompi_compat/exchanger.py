@@ -33,6 +33,7 @@ import sys
 
 from .stepper import ContractStepper
 from .options import resolve_options
+from ..errors import NotInstallable
 
 NEW_SYNC_TYPES = ('kn',)
 OUR_STRATEGIES = ('ar', 'ar-overlap')
@@ -86,10 +87,6 @@ def _factory(original):
         return original(comm, gpucomm, exch_strategy, sync_type, ctx, model)
     make.theanompi_ext_original = original
     return make
-
-
-class NotInstallable(RuntimeError):
-    """Why :func:`install_into_theanompi` could not install (its message says)."""
 
 
 def _theanompi_exchanger_module():

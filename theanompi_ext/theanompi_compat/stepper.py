@@ -39,11 +39,7 @@ from ..params import ParamSet
 from .graph import ContractGraph, GradientFunction
 from .options import resolve_options
 from .tags import contract_tags, layer_entries
-
-
-class NonFiniteStep(FloatingPointError):
-    """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
-    all_ranks = True
+from ..errors import NonFiniteStep
 
 
 class ContractStepper(object):

@@ -5,11 +5,10 @@
 * Inside an mpiexec the user started: every rank trains.
 """
 import argparse
-import json
 import os
 import sys
-import tempfile
 
+from ..errors import EXIT_BAD_INPUT, EXIT_OK
 from . import options
 from .progress import STDOUT_TTY_VAR
 
@@ -78,7 +77,7 @@ def main(args):
             raise ValueError('--workers must be >= 1, got %d' % args.workers)
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     from ..launch import in_mpi_job
     if in_mpi_job():
         from ..collective.world import launcher_rank_size, world_comm
@@ -94,10 +93,10 @@ def main(args):
         if rank == 0:
             before_launch(cfg, workers, hostfile, args.dry_run)
         if args.dry_run:
-            return 0
+            return EXIT_OK
     except (OSError, ValueError) as exc:   # e.g. less data than one minibatch
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     if in_mpi_job():
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
@@ -107,7 +106,7 @@ def main(args):
         lock = outdir.prepare(cfg)
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     os.environ[outdir.PREPARED_VAR] = '1'
     try:
         return _launch(args, cfg)
@@ -121,23 +120,16 @@ def main(args):
 
 
 def _launch(args, cfg):
-    from ..launch import mpiexec_command
     from ..launch.mpiexec import child_env
+    from ..launch.postmortem import run_explained   # names a rank that died
+    from ..launch.worker_job import temporary_worker_config, worker_command
     if args.workers == 1 and not args.hostfile:
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
-    with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as fh:
-        json.dump(cfg.to_dict(), fh)
-        path = fh.name
-    try:
-        cmd = mpiexec_command(args.workers, [sys.executable, '-u', '-m',
-                                             'theanompi_ext.train.worker', path],
-                              hostfile=args.hostfile)
-        from ..launch.postmortem import run_explained   # names a rank that died
+    with temporary_worker_config(cfg.to_dict()) as path:
         env = child_env()
         if sys.stdout.isatty():
             # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
             env[STDOUT_TTY_VAR] = '1'
-        return run_explained(cmd, env=env, size=args.workers)
-    finally:
-        os.unlink(path)
+        return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
+                             size=args.workers)

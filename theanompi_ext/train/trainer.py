@@ -19,16 +19,7 @@ from ..data import shards
 from ..collective.watchdog import watch
 from ..engine import on_device
 from . import faults, replicas
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The summed loss became NaN or infinite; training stopped (on every rank)."""
-    all_ranks = True
-
-
-class RankMismatchError(ValueError):
-    """Ranks disagree on the model or the exchange plan (raised on every rank)."""
-    all_ranks = True
+from ..errors import NonFiniteLoss, RankMismatchError
 
 
 def check_models_match(comm, layout):
