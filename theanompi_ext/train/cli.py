@@ -23,21 +23,24 @@ EXAMPLES = """examples:
 """
 
 
-def add_launch_arguments(p):
-    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` of ``train``
-    (``trials`` words its own: they apply to each of its runs)."""
+def add_launch_arguments(p, workers=None, config=None, dry_run=None):
+    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` of ``train``;
+    ``trials`` words its own help for the first, third and fourth (they apply to
+    each of its runs)."""
     g = p.add_argument_group('launch')
     g.add_argument('--workers', type=int, default=1, metavar='K',
-                   help='k, the ranks to start when not already inside mpiexec (default 1)')
+                   help=workers or 'k, the ranks to start when not already inside mpiexec '
+                                   '(default 1)')
     g.add_argument('--hostfile', default=None, metavar='FILE',
                    help='MPI host file, to place the ranks on several machines (default: '
                         'all on this one)')
     g.add_argument('--config', default=None, metavar='FILE',
-                   help='key=value file of training options (Theano-MPI session style); '
-                        'options on the command line override it')
+                   help=config or 'key=value file of training options (Theano-MPI session '
+                                  'style); options on the command line override it')
     g.add_argument('--dry-run', action='store_true',
-                   help='resolve every option, print the plan (batch, iterations, '
-                        'learning rates, exchange, outputs) and warnings, launch nothing')
+                   help=dry_run or 'resolve every option, print the plan (batch, iterations, '
+                                   'learning rates, exchange, outputs) and warnings, launch '
+                                   'nothing')
     return g
 
 

@@ -5,6 +5,7 @@ import sys
 
 from ...errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .. import options
+from ..cli import add_launch_arguments, before_launch
 from .runs import launch_run, run_config, run_dir
 from .settings import collect_settings
 from .stats import LAST_EPOCHS
@@ -38,15 +39,10 @@ def register(sub):
                         'instead of training them again')
     p.add_argument('--verbose', action='store_true',
                    help='also show the ranks\' output here, not only in run<i>/train.log')
-    p.add_argument('--workers', type=int, default=1, metavar='K',
-                   help='k, ranks per run unless a setting gives its own (default 1)')
-    p.add_argument('--hostfile', default=None, metavar='FILE',
-                   help='MPI host file, to place the ranks on several machines (default: '
-                        'all on this one)')
-    p.add_argument('--config', default=None, metavar='FILE',
-                   help='key=value file of training options for every setting')
-    p.add_argument('--dry-run', action='store_true',
-                   help='print the plan and warnings of every setting, launch nothing')
+    add_launch_arguments(
+        p, workers='k, ranks per run unless a setting gives its own (default 1)',
+        config='key=value file of training options for every setting',
+        dry_run='print the plan and warnings of every setting, launch nothing')
     options.add_config_arguments(p)
     p.set_defaults(func=main)
 
@@ -80,7 +76,6 @@ def _checked_settings(args):
     """The settings of ``args``, their warnings (and plans with ``--dry-run``)
     printed; ValueError naming what is wrong."""
     from ...launch import in_mpi_job
-    from ..cli import before_launch
     if args.runs < 1:
         raise ValueError('--runs must be >= 1, got %d' % args.runs)
     if args.last < 1:
