@@ -5,7 +5,8 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
 === ======================================================================
 0   :data:`EXIT_OK`: success
 1   :data:`EXIT_CHECK_FAILED`: a check ran and did not pass (``check-equivalence``
-    FAIL; a run of ``bench validate``/``bench allreduce`` that could not run)
+    FAIL), or a benchmark setting could not run (``bench overlap``, ``compare``,
+    ``allreduce``, ``validate``: the message names the setting)
 2   :data:`EXIT_BAD_INPUT`: bad input: options or config file (refused before
     launch), a data file (missing, corrupt, wrong shapes/dtypes/labels), a
     checkpoint that does not fit, ranks given different models, data or options;

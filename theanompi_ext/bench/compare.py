@@ -55,6 +55,7 @@ import sys
 import numpy as np
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from .common import add_common_options, rank_main
 from .timing import time_modes
 
@@ -120,18 +121,18 @@ def main(args):
     if in_mpi_job():
         say('theanompi-ext bench compare: error: run it outside mpiexec; it starts its '
             'own jobs (ours and DDP)\n')
-        return 2
+        return EXIT_BAD_INPUT
     try:
         spec = make_spec(args)
         networks = [parse_network(n) for n in (args.network or ['shm'])]
     except ValueError as exc:
         say('theanompi-ext bench compare: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     ddp = not args.no_ddp
     if ddp and torch_problem():
         say('theanompi-ext bench compare: %s; skipping PyTorch DDP\n' % torch_problem())
         ddp = False
-    rows, status = [], 0
+    rows, status = [], EXIT_OK
     for net in networks:
         for model in spec['models']:
             try:
@@ -143,7 +144,7 @@ def main(args):
             except RuntimeError as exc:
                 say('theanompi-ext bench compare: %s, %s: %s\n'
                     % (format_network(net), model, exc))
-                status = 1
+                status = EXIT_CHECK_FAILED
                 continue
             rows.extend(got)
             print(format_table(got))

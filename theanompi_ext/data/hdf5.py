@@ -72,17 +72,6 @@ def stats_from_hist(hist):
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def compute_mean_std(images, chunk=1024):
-    """Per-channel mean/std of uint8 NHWC ``images`` scaled to [0, 1].
-
-    Exact (histogram based) and chunked, so ``images`` may be an h5py dataset.
-    """
-    hist = np.zeros((images.shape[-1], 256), dtype=np.int64)
-    for start in range(0, images.shape[0], chunk):
-        hist += _channel_hist(np.asarray(images[start:start + chunk]))
-    return stats_from_hist(hist)
-
-
 def _image_chunks(shape):
     n, h, w, c = shape
     if n == 0:

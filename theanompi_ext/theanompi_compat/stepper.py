@@ -38,7 +38,7 @@ import numpy as np
 from ..params import ParamSet
 from .graph import ContractGraph, GradientFunction
 from .options import resolve_options
-from .tags import contract_tags, layer_entries
+from .tags import contract_tags
 from ..errors import NonFiniteStep
 
 
