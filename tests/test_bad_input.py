@@ -67,7 +67,7 @@ def test_bad_decay_epochs_refused_before_launch():
 
 def test_minibatch_larger_than_data_is_bad_input():
     from theanompi_ext.data.shards import iterations_per_epoch
-    from theanompi_ext.train.faults import exit_status, EXIT_BAD_INPUT
+    from theanompi_ext.errors import exit_status, EXIT_BAD_INPUT
     with pytest.raises(ValueError, match=r'1438 examples, fewer than one minibatch of '
                                          r'k\*n = 2\*1000 = 2000') as err:
         iterations_per_epoch(1438, 2, 1000)

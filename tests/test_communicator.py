@@ -122,7 +122,7 @@ def test_registry_names_every_backend(monkeypatch):
     monkeypatch.setenv('PMI_SIZE', '2')
     with pytest.raises(registry.BackendRefused, match="rank 1 of an MPI job of 2"):
         registry.create_communicator('local')
-    from theanompi_ext.train.faults import exit_status, EXIT_BAD_INPUT
+    from theanompi_ext.errors import exit_status, EXIT_BAD_INPUT
     assert exit_status(registry.BackendRefused('x')) == EXIT_BAD_INPUT
 
 
@@ -267,7 +267,8 @@ def test_nonfinite_loss_leaves_no_unwaited_handle(monkeypatch):
     from theanompi_ext.data.digits import load_digits
     from theanompi_ext.model import build_model
     from theanompi_ext.train.config import TrainConfig
-    from theanompi_ext.train.trainer import NonFiniteLoss, Trainer
+    from theanompi_ext.errors import NonFiniteLoss
+    from theanompi_ext.train.trainer import Trainer
 
     class NaNBackward(object):
         """Starts every bucket, as the chunked backward does, then reports a NaN loss."""

@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from theanompi_ext import errors
+from theanompi_ext.launch import rank_notes
 from theanompi_ext.train import faults, options, replicas
 from theanompi_ext.train.config import TrainConfig
 
@@ -366,11 +368,11 @@ def test_exit_order_sees_which_rank_exited_first(tmp_path):
 
 
 def test_rank_notes_round_trip(tmp_path, monkeypatch):
-    monkeypatch.setenv(faults.RANKS_DIR_VAR, str(tmp_path))
+    monkeypatch.setenv(rank_notes.RANKS_DIR_VAR, str(tmp_path))
     faults.note_rank('running', rank=3)
     faults.note_rank('failed 2', rank=3)
     (tmp_path / 'rank9').write_text('garbage')
-    assert faults.read_rank_notes(str(tmp_path)) == {3: (os.getpid(), os.uname()[1], 'failed 2')}
+    assert rank_notes.read_rank_notes(str(tmp_path)) == {3: (os.getpid(), os.uname()[1], 'failed 2')}
 
 
 # --------------------------------------------------------------------------- replicas unit
@@ -392,7 +394,7 @@ def test_replica_groups_and_message():
 
 def test_ranks_that_disagree_on_data_are_refused():
     from types import SimpleNamespace
-    from theanompi_ext.train.trainer import RankMismatchError
+    from theanompi_ext.errors import RankMismatchError
     mine = SimpleNamespace(cfg=TrainConfig(), iters_per_epoch=6, iteration=0,
                            data=SimpleNamespace(y_train=np.zeros(100), y_val=np.zeros(5),
                                                 n_classes=10))
@@ -517,7 +519,7 @@ def test_bad_data_file_is_bad_input(good_h5, tmp_path, how):
     with pytest.raises(DataError, match=msg) as info:
         run(cfg)
     assert str(info.value).startswith(path)
-    assert faults.exit_status(info.value) == faults.EXIT_BAD_INPUT
+    assert errors.exit_status(info.value) == errors.EXIT_BAD_INPUT
 
 
 def test_corrupt_data_file_exits_2_from_two_ranks(good_h5, tmp_path):

@@ -31,6 +31,8 @@ import re
 import signal
 import threading
 
+from .errors import CorruptFile, WriteError
+
 #: Bytes reserved at the start of a sealed HDF5 file (a valid HDF5 user block size).
 USERBLOCK = 512
 _MAGIC = b'theanompi-ext sealed v1\n'
@@ -38,24 +40,6 @@ _HEADER = re.compile(rb'sha256 ([0-9a-f]{64})\nsize (\d+)\n')
 #: Free space kept beyond the file itself (metadata, other writers).
 MARGIN_BYTES = 1 << 20
 _TMP = re.compile(r'\.tmp-(\d+)$')
-
-
-class WriteError(OSError):
-    """A file could not be written; the message names the path and the cause.
-
-    Nothing was replaced: the previous version of the file (if any) is intact
-    and no temporary file is left. Exit status 3 (``train/faults.py``).
-    """
-    exit_status = 3
-
-    def __init__(self, err, message):
-        super(WriteError, self).__init__(message)
-        self.errno = err
-
-
-class CorruptFile(ValueError):
-    """A sealed file whose checksum or length does not match (bad input, exit 2)."""
-    bad_input = True
 
 
 def tmp_path(path):
@@ -331,7 +315,7 @@ def run_isolated(fn, path, what='the file'):
     space left on device"), and the temporary files it left in ``path``'s
     folder (``.NAME.*.tmp``, ``NAME.tmp-*``) are removed. An exception in the
     child is raised again here with its type's meaning kept: bad input
-    (``bad_input``/ValueError) as ValueError, OSError as WriteError.
+    (a ValueError, :class:`~theanompi_ext.errors.BadInput` among them) as ValueError, OSError as WriteError.
     """
     import json
     import sys
@@ -355,8 +339,7 @@ def run_isolated(fn, path, what='the file'):
             try:
                 out = {'ok': fn()}
             except BaseException as exc:  # noqa: B902 - reported to the parent
-                bad = getattr(exc, 'bad_input', False) or (
-                    isinstance(exc, ValueError) and not isinstance(exc, OSError))
+                bad = isinstance(exc, ValueError) and not isinstance(exc, OSError)
                 out = {'error': str(exc), 'kind': 'bad' if bad else (
                     'os' if isinstance(exc, OSError) else 'other'),
                     'type': type(exc).__name__}

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from .errors import EXIT_BAD_INPUT
+
 COMMANDS = [
     'theanompi_ext.info',
     'theanompi_ext.train.check_equivalence',
@@ -49,7 +51,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not getattr(args, 'func', None):
         parser.print_help()
-        return 2
+        return EXIT_BAD_INPUT
     return int(args.func(args) or 0)
 
 

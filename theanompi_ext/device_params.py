@@ -10,8 +10,6 @@ it (a view, no copy). Host copies of the parameters are made only when
 asked for (:attr:`DeviceParamSet.values`: checkpoints, replica checks,
 the final ``params.npz``).
 """
-import numpy as np
-
 from .engine import device_value, device_zeros, shared
 
 
@@ -109,7 +107,3 @@ class DeviceGradients(object):
     def bucket(self, b):
         """Bucket ``b``'s gradients: a slice of :attr:`flat` (a view, no copy)."""
         return self.flat[b.start:b.stop]
-
-    def host_copy(self):
-        """The gradients copied to a new host array (tests, debugging)."""
-        return np.asarray(self.flat)

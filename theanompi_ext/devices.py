@@ -14,16 +14,13 @@ Nothing here imports Theano: :func:`configure` must run before the first
 import os
 import re
 
+from .errors import DeviceError
+
 ENV_VAR = 'THEANOMPI_EXT_DEVICE'
 _PATTERN = re.compile(r'^(cpu\d*|cuda\d*|opencl\d+:\d+)$')
 # What MPI implementations export as the rank's index on its host.
 _LOCAL_RANK_VARS = ('OMPI_COMM_WORLD_LOCAL_RANK', 'MPI_LOCALRANKID', 'MV2_COMM_WORLD_LOCAL_RANK',
                     'SLURM_LOCALID')
-
-
-class DeviceError(ValueError):
-    """A device string that is malformed, or a device that cannot be opened (exit 2)."""
-    bad_input = True
 
 
 def parse_device(name):
@@ -82,31 +79,4 @@ def configure(device):
         raise DeviceError('cannot switch to device %s: Theano is already loaded on %s in '
                           'this process' % (dev, engine.device()))
     os.environ[ENV_VAR] = dev
-    return dev
-
-
-class DeviceErrorOnRanks(DeviceError):
-    """A device failed on some ranks; every rank raises this (after agreeing)."""
-    all_ranks = True
-
-
-def open_on_every_rank(spec, comm):
-    """Configure this rank's device from ``spec``, load the engine, and agree.
-
-    Every rank learns every rank's failure (an allgather), so a device that
-    cannot be opened on one rank ends every rank with the same
-    :class:`DeviceErrorOnRanks` naming the device(s), instead of leaving the
-    others waiting. Returns this rank's device.
-    """
-    err, dev = None, None
-    try:
-        dev = configure(device_for_rank(spec, comm.rank, local_rank()))
-        from . import engine  # noqa: F401  (imports Theano on that device)
-    except DeviceError as exc:
-        err = str(exc)
-    errors = comm.allgather(err) if comm.size > 1 else [err]
-    failed = [(r, e) for r, e in enumerate(errors) if e]
-    if failed:
-        raise DeviceErrorOnRanks('; '.join(('rank %d: %s' % (r, e)) if comm.size > 1 else e
-                                           for r, e in failed))
     return dev

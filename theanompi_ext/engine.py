@@ -15,7 +15,7 @@ and no user has to set ``THEANO_FLAGS`` by hand:
 * ``device``: the one :func:`theanompi_ext.devices.configure` chose
   (``cpu`` by default); on a device also ``dnn.enabled=False`` (Theano
   1.0.5 knows cuDNN only up to v7; convolutions use GpuCorrMM), and the
-  device must open: else :class:`~theanompi_ext.devices.DeviceError`
+  device must open: else :class:`~theanompi_ext.errors.DeviceError`
   naming it and why.
 
 Flags the user did set in ``THEANO_FLAGS`` or in a ``.theanorc`` win over these
@@ -27,7 +27,8 @@ import os
 import sys
 import warnings
 
-from .devices import DeviceError, configured as _configured_device
+from .devices import configured as _configured_device
+from .errors import DeviceError
 from .engine_flags import cache_dir as _cache_dir, merged_flags as _merged_flags
 
 

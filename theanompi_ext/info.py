@@ -1,6 +1,5 @@
 """``theanompi-ext info``: versions and which collective backends work here."""
 import platform
-import sys
 
 
 def gather():

@@ -39,11 +39,6 @@ def tags_of(var):
     return getattr(var.tag, _ATTR, frozenset())
 
 
-def has_tag(var, name):
-    """True when ``var`` carries tag ``name``."""
-    return name in tags_of(var)
-
-
 class ParamLayout(object):
     """Offsets of named parameters in one flat vector.
 

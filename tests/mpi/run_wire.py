@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from theanompi_ext.collective.mpi import MPICommunicator
-from theanompi_ext.collective.wire import (WireOverflow, decode, encode, sum_error_bound)
+from theanompi_ext.collective.wire import decode, encode, sum_error_bound
+from theanompi_ext.errors import WireOverflow
 
 WIRES = ('float16', 'bfloat16')
 METHODS = ('asa', 'op')

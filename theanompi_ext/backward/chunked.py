@@ -42,6 +42,7 @@ as a growing prefix of that layout; after each chunk ``on_chunk(c, n_ready)``
 reports the length of the prefix whose gradients are final. The last call
 reports ``len(params)``: everything, the local tail included.
 """
+import collections
 import time
 
 import numpy as np
@@ -191,6 +192,44 @@ class _ForwardIndex(object):
         return cuts
 
 
+# One chunk's symbolic graph, before compiling: the flat-layout indices of the
+# gradients it produces, the layer output it starts from (None for the first
+# layers) and the gradient it receives (None for the output chunk), its gradient
+# outputs, the forward values it reads, and how many leading parameters are
+# complete once it has run.
+_ChunkGraph = collections.namedtuple(
+    '_ChunkGraph', 'param_indices h_in g_out grads cuts n_ready')
+
+
+def _layer_param_indices(layers, params):
+    """Flat-layout indices of each top-level layer's parameters; ValueError unless
+    every parameter belongs to exactly one layer."""
+    position = {p: i for i, p in enumerate(params)}
+    layer_params = []
+    for name, lparams in layers:
+        missing = [p.name for p in lparams if p not in position]
+        if missing:
+            raise ValueError('parameters %s of layer %s are not in the flat layout'
+                             % (missing, name))
+        layer_params.append([position[p] for p in lparams])
+    owned = sorted(i for ps in layer_params for i in ps)
+    if owned != list(range(len(params))):
+        raise ValueError('every parameter must belong to exactly one top-level layer '
+                         '(a parameter shared between layers cannot be chunked)')
+    return layer_params
+
+
+def _set_releases(chunks, n_in):
+    """Drop each carried value after the last chunk that reads it, so the
+    backward's memory shrinks as it goes (as Theano's own GC does)."""
+    last_use = {}
+    for c, ch in enumerate(chunks):
+        for s in ch.slots:
+            last_use[s] = c
+    for c, ch in enumerate(chunks):
+        ch.release = [s for s in ch.slots if last_use[s] == c and s >= n_in]
+
+
 class ChunkedBackward(object):
     """Gradients of the kn-normalised loss, one compiled chunk at a time.
 
@@ -245,90 +284,81 @@ class ChunkedBackward(object):
         self.recompute_ops = frozenset(recompute_ops)
         self.excluding = tuple(excluding)
         params = list(params)
-        position = {p: i for i, p in enumerate(params)}
-        layer_params = []
-        layer_names = [name for name, _ in g.layers]
-        for name, lparams in g.layers:
-            missing = [p.name for p in lparams if p not in position]
-            if missing:
-                raise ValueError('parameters %s of layer %s are not in the flat layout'
-                                 % (missing, name))
-            layer_params.append([position[p] for p in lparams])
-        owned = sorted(i for ps in layer_params for i in ps)
-        if owned != list(range(len(params))):
-            raise ValueError('every parameter must belong to exactly one top-level layer '
-                             '(a parameter shared between layers cannot be chunked)')
+        layer_params = _layer_param_indices(g.layers, params)
         counts = [sum(int(params[i].get_value(borrow=True).size) for i in ps)
                   for ps in layer_params]
         self.ranges = plan_chunks(counts, min_chunk_params, max_chunks)
         self.n_chunks = len(self.ranges)
         index = _ForwardIndex(g)
-        outs = g.layer_outputs
-
         built, produced = [], set()
         for c, (first, stop) in enumerate(self.ranges):
-            idx = [i for l in range(first, stop) for i in layer_params[l]]
-            h_in = outs[first - 1] if first > 0 else None
-            wrt = [params[i] for i in idx] + ([h_in] if h_in is not None else [])
-            if c == 0:
-                g_out = None
-                grads = grad(g.cost, wrt)
-            else:
-                g_out = outs[stop - 1].type('dL/d' + layer_names[stop - 1])
-                grads = grad(None, wrt, known_grads={outs[stop - 1]: g_out})
-            start = h_in if h_in is not None else g.data_roots[0]
-            if c == 0:
-                # The output chunk (a classifier layer and the loss) is cheap:
-                # recomputing it lets Theano see the whole softmax/cross-
-                # entropy and fuse its gradient exactly as the monolithic
-                # function does (else float32 rounding differs slightly).
-                recompute = index.recomputable(index.between(start), start,
-                                               self.recompute_output and h_in is not None)
-            else:
-                recompute = index.recomputable(index.between(start, outs[stop - 1]), start,
-                                               ops=self.recompute_ops)
-            produced.update(idx)
-            n_ready = 0
-            while n_ready in produced:
-                n_ready += 1
-            built.append((idx, h_in, g_out, grads, index.cut_points(grads, recompute), n_ready))
+            built.append(self._chunk_graph(c, first, stop, layer_params, params, index,
+                                           produced))
+        slot = self._compile_forward(built, device_io)
+        layer_names = [name for name, _ in g.layers]
+        self.chunks = []
+        for (first, stop), b in zip(self.ranges, built):
+            name = layer_names[first] if stop - first == 1 else \
+                '%s..%s' % (layer_names[first], layer_names[stop - 1])
+            inputs = ([b.g_out] if b.g_out is not None else []) + b.cuts
+            fn = function(inputs, b.grads, name='backward:' + name, excluding=self.excluding,
+                          device_inputs=inputs if device_io else (),
+                          device_outputs=b.grads if device_io else ())
+            self.chunks.append(_Chunk(name, fn, b.param_indices, [slot[v] for v in b.cuts],
+                                      b.g_out is not None, b.h_in is not None, b.n_ready))
+        _set_releases(self.chunks, len(g.inputs))
+        self.chunk_names = [ch.name for ch in self.chunks]
+        self.chunk_params = dict((ch.label, list(ch.param_indices)) for ch in self.chunks)
+        self.times = []
 
-        # The forward returns every cut point once; the inputs come from the caller.
+    def _chunk_graph(self, c, first, stop, layer_params, params, index, produced):
+        """The symbolic gradient graph of chunk ``c`` (layers ``first:stop``);
+        adds its parameters to ``produced``."""
+        g, outs = self.graph, self.graph.layer_outputs
+        idx = [i for l in range(first, stop) for i in layer_params[l]]
+        h_in = outs[first - 1] if first > 0 else None
+        wrt = [params[i] for i in idx] + ([h_in] if h_in is not None else [])
+        if c == 0:
+            g_out = None
+            grads = grad(g.cost, wrt)
+        else:
+            g_out = outs[stop - 1].type('dL/d' + g.layers[stop - 1][0])
+            grads = grad(None, wrt, known_grads={outs[stop - 1]: g_out})
+        start = h_in if h_in is not None else g.data_roots[0]
+        if c == 0:
+            # The output chunk (a classifier layer and the loss) is cheap:
+            # recomputing it lets Theano see the whole softmax/cross-
+            # entropy and fuse its gradient exactly as the monolithic
+            # function does (else float32 rounding differs slightly).
+            recompute = index.recomputable(index.between(start), start,
+                                           self.recompute_output and h_in is not None)
+        else:
+            recompute = index.recomputable(index.between(start, outs[stop - 1]), start,
+                                           ops=self.recompute_ops)
+        produced.update(idx)
+        n_ready = 0
+        while n_ready in produced:
+            n_ready += 1
+        return _ChunkGraph(idx, h_in, g_out, grads, index.cut_points(grads, recompute), n_ready)
+
+    def _compile_forward(self, built, device_io):
+        """Compile the forward, which returns every cut point once (the inputs come
+        from the caller); returns ``{variable: slot}`` of the values a chunk reads."""
+        g = self.graph
         n_in = len(g.inputs)
         saved = []
         for b in built:
-            for v in b[4]:
+            for v in b.cuts:
                 if v not in g.inputs and v not in saved:
                     saved.append(v)
         slot = dict((v, i) for i, v in enumerate(g.inputs))
         slot.update((v, n_in + i) for i, v in enumerate(saved))
         self.n_saved = len(saved)
-        on_dev = saved if device_io else ()
         self.forward_fn = function(list(g.inputs), [g.loss_sum, g.err_sum] + saved,
                                    updates=g.stat_updates, name='forward',
-                                   excluding=self.excluding, device_outputs=on_dev)
-        self.chunks = []
-        for c, (idx, h_in, g_out, grads, cuts, n_ready) in enumerate(built):
-            first, stop = self.ranges[c]
-            name = layer_names[first] if stop - first == 1 else \
-                '%s..%s' % (layer_names[first], layer_names[stop - 1])
-            inputs = ([g_out] if g_out is not None else []) + cuts
-            fn = function(inputs, grads, name='backward:' + name, excluding=self.excluding,
-                          device_inputs=inputs if device_io else (),
-                          device_outputs=grads if device_io else ())
-            self.chunks.append(_Chunk(name, fn, idx, [slot[v] for v in cuts],
-                                      g_out is not None, h_in is not None, n_ready))
-        # Drop each carried value after the last chunk that reads it, so the
-        # backward's memory shrinks as it goes (as Theano's own GC does).
-        last_use = {}
-        for c, ch in enumerate(self.chunks):
-            for s in ch.slots:
-                last_use[s] = c
-        for c, ch in enumerate(self.chunks):
-            ch.release = [s for s in ch.slots if last_use[s] == c and s >= n_in]
-        self.chunk_names = [ch.name for ch in self.chunks]
-        self.chunk_params = dict((ch.label, list(ch.param_indices)) for ch in self.chunks)
-        self.times = []
+                                   excluding=self.excluding,
+                                   device_outputs=saved if device_io else ())
+        return slot
 
     def run(self, x, y, grads_flat, layout, on_chunk=None):
         """Fill ``grads_flat`` chunk by chunk; ``on_chunk(c, n_ready)`` after each.

@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_FAILED, EXIT_OK
 from .common import add_common_options, rank_main
 
 METHODS = ('raw', 'ours', 'started')
@@ -81,14 +82,14 @@ def main(args):
         networks = [parse_network(n) for n in (args.network or ['shm'])]
     except ValueError as exc:
         sys.stderr.write('theanompi-ext bench allreduce: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     from ..launch import in_mpi_job
     if in_mpi_job():
         # Already one rank of a job: measure here, whatever --network says.
         spec['network'] = 'as launched'
         result = _guarded_measure(spec)
         if result is None:
-            return 3
+            return EXIT_FAILED
         results = [result] if result else []
     else:
         results = []
@@ -99,13 +100,13 @@ def main(args):
             except (NetworkSetupError, RuntimeError) as exc:
                 sys.stderr.write('theanompi-ext bench allreduce: %s: %s\n'
                                  % (format_network(net), exc))
-                return 1
+                return EXIT_CHECK_FAILED
     for res in results:
         print(format_table(res))
     if args.json and results:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)
-    return 0
+    return EXIT_OK
 
 
 def make_spec(args):

@@ -8,6 +8,7 @@ top-level commands of :mod:`theanompi_ext.cli`. Modules are imported only
 when ``bench`` is parsed, and must not import Theano at module level.
 """
 from ..cli import register_modules
+from ..errors import EXIT_BAD_INPUT
 
 BENCHES = {
     'overlap': 'theanompi_ext.bench.overlap',
@@ -25,5 +26,5 @@ def register(sub):
 
     def no_bench(args):
         parser.print_help()
-        return 2
+        return EXIT_BAD_INPUT
     parser.set_defaults(func=no_bench)

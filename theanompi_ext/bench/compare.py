@@ -51,12 +51,13 @@ import json
 import os
 import socket
 import sys
-import time
 
 import numpy as np
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from .common import add_common_options, rank_main
+from .timing import time_modes
 
 SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
 OURS_MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
@@ -120,18 +121,18 @@ def main(args):
     if in_mpi_job():
         say('theanompi-ext bench compare: error: run it outside mpiexec; it starts its '
             'own jobs (ours and DDP)\n')
-        return 2
+        return EXIT_BAD_INPUT
     try:
         spec = make_spec(args)
         networks = [parse_network(n) for n in (args.network or ['shm'])]
     except ValueError as exc:
         say('theanompi-ext bench compare: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     ddp = not args.no_ddp
     if ddp and torch_problem():
         say('theanompi-ext bench compare: %s; skipping PyTorch DDP\n' % torch_problem())
         ddp = False
-    rows, status = [], 0
+    rows, status = [], EXIT_OK
     for net in networks:
         for model in spec['models']:
             try:
@@ -143,7 +144,7 @@ def main(args):
             except RuntimeError as exc:
                 say('theanompi-ext bench compare: %s, %s: %s\n'
                     % (format_network(net), model, exc))
-                status = 1
+                status = EXIT_CHECK_FAILED
                 continue
             rows.extend(got)
             print(format_table(got))
@@ -422,34 +423,6 @@ def format_table(rows):
     if verdict:
         lines.append(verdict)
     return '\n'.join(lines)
-
-
-# -- the timing protocol (both projects) ------------------------------------------------
-
-def time_modes(run, modes, steps, reps, barrier, warmup=1):
-    """Time ``run[mode]()`` calls, alternating the modes; returns {mode: [seconds]}.
-
-    Every mode first runs ``warmup`` untimed steps (allocation, DDP's bucket
-    rebuild after its first step). Then, ``reps`` times, each mode runs a
-    block of ``steps`` timed steps after ``barrier()``; the order of the
-    modes rotates by one each repetition. The same function times both
-    projects, so they are measured the same way.
-    """
-    for mode in modes:
-        for _ in range(warmup):
-            barrier()
-            run[mode]()
-    times = {m: [] for m in modes}
-    clock = time.perf_counter
-    for rep in range(reps):
-        k = rep % len(modes)
-        for mode in tuple(modes[k:]) + tuple(modes[:k]):
-            barrier()
-            for _ in range(steps):
-                t0 = clock()
-                run[mode]()
-                times[mode].append(clock() - t0)
-    return times
 
 
 # -- our side, inside each rank -----------------------------------------------------------

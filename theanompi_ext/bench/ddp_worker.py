@@ -17,7 +17,7 @@ residual branch starting at gamma 0, no convolution biases, global average
 pooling and one fully connected layer. Same parameter count (272,474 for
 ResNet-20 with 10 classes, 4,327,754 for the 4x wide one).
 
-Modes timed (see :func:`.compare.time_modes` for the protocol):
+Modes timed (see :func:`.timing.time_modes` for the protocol):
 
 ``compute``    forward, backward and SGD step inside ``DDP.no_sync()``:
                no communication at all
@@ -31,6 +31,8 @@ Modes timed (see :func:`.compare.time_modes` for the protocol):
 import json
 import os
 import sys
+
+from ..errors import EXIT_FAILED, EXIT_OK
 
 MODES = ('compute', 'serial', 'full', 'allreduce')
 
@@ -143,10 +145,32 @@ def measure(spec):
     """
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from .compare import time_modes
+    from .timing import time_modes
 
     rank, size = _rank_and_size()
+    _start_gloo(spec, rank, size)
+    try:
+        run, net, n_grads = _ddp_modes(spec, rank, size)
+        local = time_modes(run, MODES, spec['steps'], spec['reps'], dist.barrier,
+                           warmup=spec['warmup'])
+        out = {}
+        for mode in MODES:
+            mine = torch.tensor(local[mode], dtype=torch.float64)
+            every = [torch.zeros_like(mine) for _ in range(size)]
+            dist.all_gather(every, mine)
+            out[mode] = [[float(v) for v in t] for t in every]
+        out['grad_bytes'] = 4 * n_grads
+        out['params'] = count_params(net)
+        out['torch'] = torch.__version__
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def _start_gloo(spec, rank, size):
+    """Torch's threads as ``spec`` says, and the gloo group over the loopback."""
+    import torch
+    import torch.distributed as dist
     threads = int(spec['threads'])
     torch.set_num_threads(threads)
     try:
@@ -159,69 +183,67 @@ def measure(spec):
     # emulated network; outside it gloo would otherwise pick eth0.
     os.environ.setdefault('GLOO_SOCKET_IFNAME', 'lo')
     dist.init_process_group('gloo', rank=rank, world_size=size)
-    try:
-        shape = tuple(spec['model_spec']['input_shape'])
-        net = build_model(spec['model_spec'], spec['n_classes'], seed=0)
-        # Buffers (BN running statistics) stay per rank, as in the project;
-        # broadcasting them every forward would add communication it lacks.
-        # (torch 2.13 renamed the option; older releases know only the old name.)
-        import inspect
-        no_buffer_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
-                          inspect.signature(DistributedDataParallel.__init__).parameters
-                          else {'broadcast_buffers': False})
-        ddp = DistributedDataParallel(net, bucket_cap_mb=spec['ddp_bucket_cap_mb'],
-                                      **no_buffer_sync)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.001, momentum=0.9, weight_decay=1e-4)
-        loss_fn = torch.nn.CrossEntropyLoss()
-        g = torch.Generator().manual_seed(rank)
-        x = torch.randn((spec['batch'],) + shape, generator=g)
-        y = torch.randint(0, spec['n_classes'], (spec['batch'],), generator=g)
-        params = [p for p in ddp.parameters() if p.requires_grad]
-        flat = torch.zeros(sum(p.numel() for p in params))
-        zeros = torch.zeros_like(flat)
 
-        def fwd_bwd():
-            opt.zero_grad(set_to_none=False)
-            loss_fn(ddp(x), y).backward()
 
-        def compute():
-            with ddp.no_sync():
-                fwd_bwd()
-            opt.step()
+def _ddp(net, spec):
+    """``net`` wrapped in DistributedDataParallel, buffers kept per rank."""
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel
+    # Buffers (BN running statistics) stay per rank, as in the project;
+    # broadcasting them every forward would add communication it lacks.
+    # (torch 2.13 renamed the option; older releases know only the old name.)
+    no_buffer_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
+                      inspect.signature(DistributedDataParallel.__init__).parameters
+                      else {'broadcast_buffers': False})
+    return DistributedDataParallel(net, bucket_cap_mb=spec['ddp_bucket_cap_mb'],
+                                   **no_buffer_sync)
 
-        def serial():
-            with ddp.no_sync():
-                fwd_bwd()
-            # The same bytes as DDP's buckets, summed only after backward.
-            torch.cat([p.grad.reshape(-1) for p in params], out=flat)
-            dist.all_reduce(flat)
-            flat.div_(size)
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-                offset += p.numel()
-            opt.step()
 
-        def full():
+def _ddp_modes(spec, rank, size):
+    """``({mode: one step of it}, the model, number of gradient entries)``."""
+    import torch
+    import torch.distributed as dist
+    shape = tuple(spec['model_spec']['input_shape'])
+    net = build_model(spec['model_spec'], spec['n_classes'], seed=0)
+    ddp = _ddp(net, spec)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.001, momentum=0.9, weight_decay=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn((spec['batch'],) + shape, generator=g)
+    y = torch.randint(0, spec['n_classes'], (spec['batch'],), generator=g)
+    params = [p for p in ddp.parameters() if p.requires_grad]
+    flat = torch.zeros(sum(p.numel() for p in params))
+    zeros = torch.zeros_like(flat)
+
+    def fwd_bwd():
+        opt.zero_grad(set_to_none=False)
+        loss_fn(ddp(x), y).backward()
+
+    def compute():
+        with ddp.no_sync():
             fwd_bwd()
-            opt.step()
+        opt.step()
 
-        run = {'compute': compute, 'serial': serial, 'full': full,
-               'allreduce': lambda: dist.all_reduce(zeros)}
-        local = time_modes(run, MODES, spec['steps'], spec['reps'], dist.barrier,
-                           warmup=spec['warmup'])
-        out = {}
-        for mode in MODES:
-            mine = torch.tensor(local[mode], dtype=torch.float64)
-            every = [torch.zeros_like(mine) for _ in range(size)]
-            dist.all_gather(every, mine)
-            out[mode] = [[float(v) for v in t] for t in every]
-        out['grad_bytes'] = 4 * int(flat.numel())
-        out['params'] = count_params(net)
-        out['torch'] = torch.__version__
-        return out
-    finally:
-        dist.destroy_process_group()
+    def serial():
+        with ddp.no_sync():
+            fwd_bwd()
+        # The same bytes as DDP's buckets, summed only after backward.
+        torch.cat([p.grad.reshape(-1) for p in params], out=flat)
+        dist.all_reduce(flat)
+        flat.div_(size)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        opt.step()
+
+    def full():
+        fwd_bwd()
+        opt.step()
+
+    run = {'compute': compute, 'serial': serial, 'full': full,
+           'allreduce': lambda: dist.all_reduce(zeros)}
+    return run, net, int(flat.numel())
 
 
 def main(argv=None):
@@ -236,11 +258,11 @@ def main(argv=None):
         sys.stderr.write('theanompi-ext bench compare (ddp): rank %d of %d failed: %s: %s\n'
                          % (rank, size, type(exc).__name__, exc))
         sys.stderr.flush()
-        return 3
+        return EXIT_FAILED
     if rank == 0:
         with open(spec['out'], 'w') as f:
             json.dump(res, f)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == '__main__':

@@ -43,11 +43,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 from ..argtypes import output_path
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .common import add_common_options
 
 MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
@@ -110,17 +110,17 @@ def main(args):
         networks = [parse_network(n) for n in (args.network or ['shm'])]
     except ValueError as exc:
         sys.stderr.write('theanompi-ext bench overlap: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     # SIGTERM ends the command through SystemExit, so the ranks are stopped
     # and a network namespace is deleted on the way out.
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
-    results, status = [], 0
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(EXIT_SIGNAL_BASE + signal.SIGTERM))
+    results, status = [], EXIT_OK
     for net in networks:
         try:
             rows = run_setting(spec, net, args.workers, args.mpi_env, args.timeout)
         except (NetworkSetupError, RuntimeError) as exc:
             sys.stderr.write('theanompi-ext bench overlap: %s: %s\n' % (format_network(net), exc))
-            status = 1
+            status = EXIT_CHECK_FAILED
             continue
         results.extend(rows)
         print(format_table(rows))
@@ -194,16 +194,8 @@ def run_ranks(cmd, env, timeout):
     :func:`main`) stops every rank before it propagates, so the caller's
     clean-up (deleting the network namespace) runs with no rank left.
     """
-    from ..launch.mpiexec import popen_job, stop_group
-    proc = popen_job(cmd, env)      # own group, and killed with this process
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_group(proc)
-        return 124
-    except BaseException:
-        stop_group(proc)
-        raise
+    from ..launch.mpiexec import popen_job, wait_job
+    return wait_job(popen_job(cmd, env), timeout)   # own group, and killed with this process
 
 
 def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
@@ -351,67 +343,19 @@ def compute_step(trainer, x, y, lr):
 
 def measure_model(comm, name, spec):
     """Time the modes for model ``name`` (every rank); returns the row on rank 0, else None."""
-    from ..model import build_model
-    from ..train.config import TrainConfig
-    from ..train.trainer import Trainer
-    from ..exchange.timeline import write_trace
-    shape, n, k = tuple(spec['input_shape']), spec['batch'], comm.size
-    data = synthetic_dataset(shape, 4 * n * k)
-    opts = dict(model=name, batch_per_worker=n, epochs=1, warmup='none', base_lr=0.01,
-                quiet=True, checkpoint=False)
-    for key in ('bucket_cap_mb', 'first_bucket_cap_mb', 'wire_dtype'):
-        if spec.get(key):
-            opts[key] = spec[key]
-    trainers = {}
-    for strategy in ('ar', 'ar-overlap'):
-        net = build_model(name, shape, data.n_classes, seed=0)
-        trainers[strategy] = Trainer(net, data, TrainConfig(exch_strategy=strategy, **opts),
-                                     comm, log=lambda *a, **kw: None)
-    serial, overlap = trainers['ar'], trainers['ar-overlap']
-    on_device = hasattr(serial, 'device_grads')
-    if spec.get('max_chunks'):
-        from ..backward.chunked import ChunkedBackward
-        from ..train.trainer import compile_in_turn
-        overlap.backward = compile_in_turn(comm, lambda: ChunkedBackward(
-            overlap.net, overlap.params.vars, 1.0 / overlap.total_batch,
-            max_chunks=spec['max_chunks'], device_io=on_device))
+    from .timing import time_modes
+    shape, n = tuple(spec['input_shape']), spec['batch']
+    data = synthetic_dataset(shape, 4 * n * comm.size)
+    serial, overlap = _trainer_pair(comm, name, spec, data)
     x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
-    lr = np.float32(0.001)
-    if on_device:
-        from ..engine import device_zeros
-        zeros = device_zeros(serial.layout.total)
-    else:
-        zeros = np.zeros_like(serial.grads)
-    run = {
-        'compute': lambda: compute_step(serial, x, y, lr),
-        'compute_chunked': lambda: compute_step(overlap, x, y, lr),
-        'serial': lambda: serial.step(x, y),
-        'overlap': lambda: overlap.step(x, y),
-        'allreduce': lambda: serial.exchanger.reduce(zeros),
-    }
-    for mode in MODES:          # warm-up: first calls allocate and fault pages
-        comm.barrier()
-        run[mode]()
-    serial.timeline, overlap.timeline = serial.make_timeline(), overlap.make_timeline()
-    times = {m: [] for m in MODES}
-    cpu = {m: [0.0, 0.0] for m in MODES}
-    for rep in range(spec['reps']):
-        order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
-        for mode in order:
-            comm.barrier()
-            c0, w0 = time.process_time(), time.perf_counter()
-            for _ in range(spec['steps']):
-                t0 = time.perf_counter()
-                run[mode]()
-                times[mode].append(time.perf_counter() - t0)
-            cpu[mode][0] += time.process_time() - c0
-            cpu[mode][1] += time.perf_counter() - w0
-    grads = overlap.grads
-    if on_device:    # the host staging buffer
-        extra = overlap.exchanger.host.nbytes
-    else:
-        extra = sum(h.buf.nbytes for h in overlap.exchanger.last_handles
-                    if not np.shares_memory(h.buf, grads))
+    run = _mode_steps(serial, overlap, x, y)
+
+    def fresh_timelines():
+        serial.timeline, overlap.timeline = serial.make_timeline(), overlap.make_timeline()
+    cpu = {}
+    # warm-up: first calls allocate and fault pages
+    times = time_modes(run, MODES, spec['steps'], spec['reps'], comm.barrier,
+                       after_warmup=fresh_timelines, cpu=cpu)
     mine = dict((m + '_s', float(np.median(times[m]))) for m in MODES)
     mine['exposed_comm_rank_s'] = float(np.median(overlap.timeline.exposed_comm()))
     mine.update(('cpu_per_wall_' + m, cpu[m][0] / max(cpu[m][1], 1e-9)) for m in MODES)
@@ -422,22 +366,81 @@ def measure_model(comm, name, spec):
     if comm.rank != 0:
         return None
     if spec.get('timeline'):
+        from ..exchange.timeline import write_trace
         for label, trace in traces.items():
             write_trace(trace, '%s-%s-%s' % (spec['timeline'], name, label))
-    ranks = [json.loads(e) for e in everyone]
-    row = {key: max(r[key] for r in ranks) for key in mine}   # the slower rank
+    return _overlap_row([json.loads(e) for e in everyone], traces, serial, overlap, saved,
+                        name, spec, comm.size)
+
+
+def _trainer_pair(comm, name, spec, data):
+    """Two trainers of model ``name`` on ``data``: serial (``ar``) and overlapped
+    (``ar-overlap``, with ``spec['max_chunks']`` chunks if given)."""
+    from ..model import build_model
+    from ..train.config import TrainConfig
+    from ..train.trainer import Trainer
+    opts = dict(model=name, batch_per_worker=spec['batch'], epochs=1, warmup='none',
+                base_lr=0.01, quiet=True, checkpoint=False)
+    for key in ('bucket_cap_mb', 'first_bucket_cap_mb', 'wire_dtype'):
+        if spec.get(key):
+            opts[key] = spec[key]
+    trainers = {}
+    for strategy in ('ar', 'ar-overlap'):
+        net = build_model(name, tuple(spec['input_shape']), data.n_classes, seed=0)
+        trainers[strategy] = Trainer(net, data, TrainConfig(exch_strategy=strategy, **opts),
+                                     comm, log=lambda *a, **kw: None)
+    serial, overlap = trainers['ar'], trainers['ar-overlap']
+    if spec.get('max_chunks'):
+        from ..backward.chunked import ChunkedBackward
+        from ..train.assemble import compile_in_turn
+        overlap.backward = compile_in_turn(comm, lambda: ChunkedBackward(
+            overlap.net, overlap.params.vars, 1.0 / overlap.total_batch,
+            max_chunks=spec['max_chunks'], device_io=hasattr(serial, 'device_grads')))
+    return serial, overlap
+
+
+def _mode_steps(serial, overlap, x, y):
+    """``{mode: one step of it}`` for :data:`MODES`."""
+    lr = np.float32(0.001)
+    if hasattr(serial, 'device_grads'):
+        from ..engine import device_zeros
+        zeros = device_zeros(serial.layout.total)
+    else:
+        zeros = np.zeros_like(serial.grads)
+    return {
+        'compute': lambda: compute_step(serial, x, y, lr),
+        'compute_chunked': lambda: compute_step(overlap, x, y, lr),
+        'serial': lambda: serial.step(x, y),
+        'overlap': lambda: overlap.step(x, y),
+        'allreduce': lambda: serial.exchanger.reduce(zeros),
+    }
+
+
+def _extra_bytes(overlap):
+    """Memory the overlapped exchange adds: the host staging buffer on a device,
+    else the bucket buffers that are not views of the gradients."""
+    if hasattr(overlap, 'device_grads'):
+        return overlap.exchanger.host.nbytes
+    grads = overlap.grads
+    return sum(h.buf.nbytes for h in overlap.exchanger.last_handles
+               if not np.shares_memory(h.buf, grads))
+
+
+def _overlap_row(ranks, traces, serial, overlap, saved, name, spec, k):
+    """The table row of model ``name``: the slower rank's figures and the job's."""
+    row = {key: max(r[key] for r in ranks) for key in ranks[0]}   # the slower rank
     # Exposed communication of the job: after the last rank's backward pass
     # (a rank's own figure also counts waiting for a slower rank's compute).
     job = {label: t['otherData']['job_exposed_comm_median_us'] / 1e6
            for label, t in traces.items()}
     row.update(exposed_comm_s=job['overlap'], serial_exposed_comm_s=job['serial'])
-    row.update(model=name, network=spec['network'], extra_bytes=int(extra),
+    row.update(model=name, network=spec['network'], extra_bytes=int(_extra_bytes(overlap)),
                hidden_fraction=hidden_fraction(row['compute_s'], row['serial_s'],
                                                row['overlap_s']),
                chunk_overhead=row['compute_chunked_s'] / row['compute_s'] - 1.0,
                grad_bytes=4 * int(serial.n_exch), n_buckets=len(serial.buckets),
                n_chunks=overlap.backward.n_chunks, chunk_saved_bytes=saved,
-               workers=k, batch=n, steps=spec['steps'], reps=spec['reps'],
+               workers=k, batch=spec['batch'], steps=spec['steps'], reps=spec['reps'],
                comm_thread=spec['comm_thread'], bucket_cap_mb=serial.cfg.bucket_cap_mb,
                first_bucket_cap_mb=serial.cfg.first_bucket_cap_mb)
     return row
@@ -460,7 +463,7 @@ def _measure_all(spec):
         comm = watch(comm)
     except ImportError:
         pass
-    from ..devices import open_on_every_rank
+    from ..device_open import open_on_every_rank
     open_on_every_rank(spec.get('device', 'cpu'), comm)
     rows = [measure_model(comm, name, spec) for name in spec['models']]
     if comm.rank == 0:

@@ -18,12 +18,10 @@ or refused by name: no backend accepts one and waits longer.
 import threading
 import time
 
+from ..errors import CollectiveTimeout
+
 #: What :meth:`Communicator.allreduce` can reduce with.
 REDUCE_OPS = ('sum', 'max', 'min')
-
-
-class CollectiveTimeout(TimeoutError):
-    """A bounded collective or handle wait ran out of time (the message names it)."""
 
 
 def check_op(op):

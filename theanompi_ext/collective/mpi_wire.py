@@ -25,8 +25,9 @@ encoded in the 16-bit copy.
 """
 import numpy as np
 
+from ..errors import WireOverflow
 from .wire import (check_wire_dtype, chunk_counts, decode, encode, nonfinite_count,
-                   sum_encoded, describe_overflow, WireOverflow)
+                   sum_encoded, describe_overflow)
 
 WIRE_METHODS = ('asa', 'op')
 DEFAULT_WIRE_METHOD = 'asa'

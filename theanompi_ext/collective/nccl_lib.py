@@ -22,6 +22,8 @@ import ctypes
 import ctypes.util
 import os
 
+from ..errors import NCCLError, NCCLUnavailable
+
 ENV_LIB = 'THEANOMPI_EXT_NCCL_LIB'
 # The wheels that ship libnccl, by CUDA major version.
 NCCL_WHEELS = ('nvidia-nccl-cu12', 'nvidia-nccl-cu13')
@@ -38,26 +40,6 @@ NCCL_FLOAT64, NCCL_BFLOAT16 = 8, 9
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 
 UNIQUE_ID_BYTES = 128          # NCCL_UNIQUE_ID_BYTES in nccl.h
-
-RESULT_NAMES = {
-    0: 'ncclSuccess', 1: 'ncclUnhandledCudaError', 2: 'ncclSystemError',
-    3: 'ncclInternalError', 4: 'ncclInvalidArgument', 5: 'ncclInvalidUsage',
-    6: 'ncclRemoteError', 7: 'ncclInProgress',
-}
-
-
-class NCCLUnavailable(RuntimeError):
-    """NCCL cannot be used here: library missing, no CUDA device, no CuPy..."""
-
-
-class NCCLError(RuntimeError):
-    """A NCCL call returned an error code; ``code`` holds the ncclResult_t."""
-
-    def __init__(self, func, code, message):
-        self.func = func
-        self.code = code
-        RuntimeError.__init__(self, '%s failed: %s (%s)' % (
-            func, message, RESULT_NAMES.get(code, 'ncclResult %d' % code)))
 
 
 class _UniqueId(ctypes.Structure):

@@ -1,11 +1,6 @@
 """Backend registry: name -> constructor, what each sums, and what is available here."""
+from ..errors import BackendRefused
 from .world import launcher_rank_size, world_comm
-
-
-class BackendRefused(ValueError):
-    """A backend name this job cannot use (every rank refuses it alike: bad input)."""
-    bad_input = True
-    all_ranks = True
 
 
 def _local(**kw):

@@ -17,7 +17,7 @@ How
     waited ``stall_warn_s`` it asks every other rank where it is and logs one
     line naming the ranks that have not arrived; after ``timeout_s`` it
     prints the same report and ends the job with ``MPI_Abort``
-    (exit status :data:`EXIT_STATUS`).
+    (exit status :data:`~theanompi_ext.errors.EXIT_TIMEOUT`).
 
 Side channel
     The question and the answers travel as 128-byte messages (point-to-point,
@@ -44,10 +44,8 @@ import time
 
 import numpy as np
 
+from ..errors import EXIT_TIMEOUT
 from .base import Communicator
-
-#: Exit status of a job ended by the watchdog (``docs/faults.md``).
-EXIT_STATUS = 4
 
 _MSG_BYTES = 128
 _NUMS = 8                     # int64 header fields, then the label bytes
@@ -261,11 +259,11 @@ class Watchdog(object):
                 "at step %d (%s); %s; aborting the job (exit status %d)"
                 % (self.rank, self.size, self.identities[self.rank][0],
                    self.identities[self.rank][1], waited, label, step, why,
-                   self._missing_text(seq, answers), EXIT_STATUS))
+                   self._missing_text(seq, answers), EXIT_TIMEOUT))
         self.reports.append(('timeout', text))
         self._write(text)
         self._serve_for(_ABORT_GRACE_S)
-        self._abort(EXIT_STATUS)
+        self._abort(EXIT_TIMEOUT)
         return True
 
     def _still_waiting(self, seq):

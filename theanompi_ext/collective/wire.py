@@ -18,7 +18,7 @@ Overflow (``docs/performance.md``, "16-bit wire"): a value beyond the 16-bit
 range becomes inf (IEEE rounding), and so does its sum. It is *detected*,
 not scaled away: :func:`nonfinite_count` finds it in the exchanged result,
 which is identical on every rank, so every rank stops at the same bucket
-(:class:`WireOverflow`).
+(:class:`~theanompi_ext.errors.WireOverflow`).
 
 Memory: the casts work in blocks of :data:`BLOCK` elements, so their
 temporaries are bounded; the caller holds one 16-bit copy of the bucket.
@@ -36,10 +36,6 @@ _MAX = {'float32': float(np.finfo(np.float32).max), 'float16': 65504.0,
         'bfloat16': float(np.uint32(0x7F7F0000).view(np.float32))}
 # exponent bits of the 16-bit formats: all ones means inf or nan
 _EXP_MASK = {'float16': 0x7C00, 'bfloat16': 0x7F80}
-
-
-class WireOverflow(ArithmeticError):
-    """An exchanged bucket holds inf or nan after a 16-bit wire cast."""
 
 
 def check_wire_dtype(name):
@@ -179,7 +175,7 @@ def sum_error_bound(abs_sum, abs_result, k, wire, intermediate_roundings=0):
 
 
 def describe_overflow(name, wire, bad_result, bad_local, largest_local):
-    """The message of a :class:`WireOverflow`: where, what, and what to do."""
+    """The message of a :class:`~theanompi_ext.errors.WireOverflow`: where, what, and what to do."""
     return ('bucket %s: %d value(s) of the exchanged sum are inf or nan on the %s wire '
             '(largest finite %s: %.6g); this rank\'s own gradient had %d non-finite '
             'value(s) after the cast (its largest |value| %.6g). Either a gradient is '

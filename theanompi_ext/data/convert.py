@@ -26,7 +26,8 @@ import sys
 
 import numpy as np
 
-from .hdf5 import DataError, DatasetWriter, write_dataset
+from ..errors import DataError, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from .hdf5 import DatasetWriter, write_dataset
 
 EXTENSIONS = ('.jpg', '.jpeg', '.png')
 DIGITS_SOURCE = 'sklearn:digits'
@@ -256,20 +257,20 @@ def run(args):
             run_isolated(lambda: write_digits_h5(args.out, val_fraction=frac, seed=args.seed),
                          args.out, 'the data set')
             print('%s: digits written' % args.out)
-            return 0
+            return EXIT_OK
         info = run_isolated(lambda: convert_image_folder(
             args.src, args.out, size=args.size,
             val_fraction=0.1 if args.val_fraction is None else args.val_fraction,
             seed=args.seed, channels=args.channels), args.out, 'the data set')
     except WriteError as exc:
         sys.stderr.write('theanompi-ext convert: error: %s\n' % exc)
-        return 3
+        return EXIT_FAILED
     except (DataError, ValueError, OSError) as exc:
         sys.stderr.write('theanompi-ext convert: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     print('%s: %d train, %d val images, %d classes'
           % (args.out, info['train'], info['val'], info['classes']))
-    return 0
+    return EXIT_OK
 
 
 def main(argv=None):

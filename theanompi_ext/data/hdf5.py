@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from ..atomic import fsync_dir
+from ..errors import DataError
 
 FORMAT_VERSION = 1
 SPLITS = ('train', 'val')
@@ -39,10 +40,6 @@ _CHUNK_BYTES = 1 << 18
 # Errors h5py / numpy raise on malformed content; wrapped into DataError.
 _READ_ERRORS = (OSError, KeyError, TypeError, ValueError, RuntimeError,
                 AttributeError, IndexError, OverflowError)
-
-
-class DataError(ValueError):
-    """A data file (or the data given to a writer) is missing or malformed."""
 
 
 def _name(path):
@@ -73,17 +70,6 @@ def stats_from_hist(hist):
     var = (hist * (values[None, :] - mean[:, None]) ** 2).sum(axis=1) / n
     std = np.maximum(np.sqrt(var), 1.0 / 255.0)
     return mean.astype(np.float32), std.astype(np.float32)
-
-
-def compute_mean_std(images, chunk=1024):
-    """Per-channel mean/std of uint8 NHWC ``images`` scaled to [0, 1].
-
-    Exact (histogram based) and chunked, so ``images`` may be an h5py dataset.
-    """
-    hist = np.zeros((images.shape[-1], 256), dtype=np.int64)
-    for start in range(0, images.shape[0], chunk):
-        hist += _channel_hist(np.asarray(images[start:start + chunk]))
-    return stats_from_hist(hist)
 
 
 def _image_chunks(shape):

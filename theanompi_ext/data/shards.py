@@ -14,6 +14,8 @@ ever runs a step the others do not.
 """
 import numpy as np
 
+from ..errors import BadInput
+
 
 def iterations_per_epoch(n_examples, workers, batch_per_worker):
     """floor(N / kn); an error if not even one full kn batch fits."""
@@ -22,10 +24,9 @@ def iterations_per_epoch(n_examples, workers, batch_per_worker):
         raise ValueError('workers and batch size must be positive')
     iters = n_examples // kn
     if iters < 1:
-        exc = ValueError('the training set has %d examples, fewer than one minibatch '
-                         'of k*n = %d*%d = %d' % (n_examples, workers, batch_per_worker, kn))
-        exc.bad_input = True    # options that do not fit the data: exit status 2
-        raise exc
+        # options that do not fit the data: exit status 2
+        raise BadInput('the training set has %d examples, fewer than one minibatch '
+                       'of k*n = %d*%d = %d' % (n_examples, workers, batch_per_worker, kn))
     return iters
 
 

@@ -63,3 +63,12 @@ def load_hdf5_dataset(path, cfg):
     """The source for ``cfg.data`` (crop, scale_min and seed from ``cfg``)."""
     return HDF5Source(path, crop=cfg.crop, scale_min=cfg.scale_min, seed=cfg.data_seed,
                       in_memory=bool(cfg.extra.get('in_memory', False)))
+
+
+def load_dataset(cfg):
+    """The data set named by ``cfg.data``."""
+    if cfg.data == 'digits':
+        from .digits import load_digits
+        return load_digits(repeat=int(cfg.extra.get('repeat', 1)),
+                           train_subset=int(cfg.extra.get('train_subset', 0)))
+    return load_hdf5_dataset(cfg.data, cfg)

@@ -12,10 +12,7 @@ import contextlib
 import numpy as np
 
 from ..collective.base import check_wire, drain, wait_all
-
-
-class IncompleteExchange(RuntimeError):
-    """``finish`` came before every bucket of the plan was started."""
+from ..errors import IncompleteExchange
 
 
 class KnSumExchanger(object):

@@ -14,9 +14,11 @@ Two vocabularies share the option name ``exch_strategy``:
   travel: its ``ar`` is the MPI backend, ``nccl32`` NCCL. Only
   :mod:`theanompi_ext.theanompi_compat.strategy` reads these.
 
-This module imports nothing of its own: the launching side (``BSP``) uses it before
+This module imports only ``errors.py``: the launching side (``BSP``) uses it before
 any rank starts.
 """
+
+from ..errors import ModeError
 
 SYNC_TYPES = ('kn', 'avg', 'cdd')
 # Ours: when the gradients travel (see the module docstring).
@@ -53,22 +55,6 @@ THEANOMPI_STRATEGIES_NOT_BUILT = {
              "a strategy; use 'ar' with the option wire_dtype='float16' (host buffers: "
              "alltoall, float32 sum, allgather) or 'nccl32'",
 }
-
-
-class ModeError(ValueError):
-    """A refused ``sync_type`` / ``exch_strategy`` / ``wire_dtype`` value or combination.
-
-    ``option``, ``value`` and ``why`` let an entry point name the option its
-    own way (:meth:`named`); the message is ``invalid option NAME=VALUE: WHY``.
-    """
-
-    def __init__(self, option, value, why):
-        self.option, self.value, self.why = option, value, why
-        ValueError.__init__(self, self.named(option))
-
-    def named(self, name):
-        """The message with the option spelled ``name`` (e.g. a session file's key)."""
-        return 'invalid option %s=%r: %s' % (name, self.value, self.why)
 
 
 def default_strategy(sync_type):

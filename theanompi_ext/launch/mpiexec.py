@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from ..collective.world import in_mpi_job  # noqa: F401  (re-exported for the launchers)
+from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT
 
 
 def find_mpiexec():
@@ -104,14 +105,28 @@ def run_mpiexec(cmd, env=None, timeout=None):
 
     Returns the exit status (non-zero if any rank failed).
     """
-    proc = popen_job(cmd, env)
+    try:
+        return wait_job(popen_job(cmd, env), timeout)
+    except KeyboardInterrupt:
+        return EXIT_SIGNAL_BASE + signal.SIGINT
+
+
+def wait_job(proc, timeout=None):
+    """Wait for ``proc`` (from :func:`popen_job`); returns its exit status.
+
+    After ``timeout`` seconds every rank is stopped and the status is
+    :data:`~theanompi_ext.errors.EXIT_TIMED_OUT`; any exception while waiting
+    (Ctrl-C, SIGTERM turned into SystemExit) stops every rank before it
+    propagates.
+    """
     try:
         return proc.wait(timeout=timeout)
-    except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
         stop_group(proc)
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
-        return 124
+        return EXIT_TIMED_OUT
+    except BaseException:
+        stop_group(proc)
+        raise
 
 
 def stop_group(proc, grace=5.0):

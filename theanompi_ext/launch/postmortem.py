@@ -11,7 +11,7 @@ and host::
 
 :func:`run_explained` passes the job's standard output through (standard
 error is untouched), recognises that report, and maps the PID to a rank
-using the notes each rank leaves (:mod:`theanompi_ext.train.faults`). It
+using the notes each rank leaves (:mod:`theanompi_ext.launch.rank_notes`). It
 also catches the one silent case measured: a rank that exits with status 0
 in the middle of training (``os._exit(0)`` in some library) makes hydra end
 the job with status 0 most of the time; a rank whose note still says
@@ -29,7 +29,9 @@ import tempfile
 import threading
 import time
 
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .mpiexec import child_env, popen_job
+from .rank_notes import RANKS_DIR_VAR, read_rank_notes
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
@@ -78,7 +80,6 @@ class ExitOrder(threading.Thread):
         self._halt = threading.Event()
 
     def run(self):
-        from ..train.faults import read_rank_notes
         if not hasattr(os, 'pidfd_open') or not self.size:
             return
         host, fds, poller = socket.gethostname(), {}, select.poll()
@@ -126,11 +127,12 @@ def explain(status, report, notes, size=None, first_exit=None):
     if status == 0:
         vanished = sorted(r for r, (_, _, state) in notes.items() if state == 'running')
         if not vanished:
-            return None, 0
+            return None, EXIT_OK
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
                         for r in vanished)
         return ('theanompi-ext: %s%s ended without finishing training although mpiexec '
-                'reported success; the run is incomplete (exit status 3)' % (who, of)), 3
+                'reported success; the run is incomplete (exit status %d)'
+                % (who, of, EXIT_FAILED)), EXIT_FAILED
     if report.pid is None:
         return None, status      # a rank's own message (failed / timeout) says it all
     pid, host = report.pid, report.host
@@ -198,7 +200,6 @@ def stop_job(proc, notes_folder, grace=STOP_GRACE_S):
     alive after ``grace`` is SIGKILLed: mpiexec, the ranks, and hydra's
     proxies (each in a session of its own, so no process group reaches them).
     """
-    from ..train.faults import read_rank_notes
     host = socket.gethostname()
     ranks = [pid for pid, h, _ in read_rank_notes(notes_folder).values() if h == host]
     proxies = {p for p in (_parent_of(pid) for pid in ranks) if p and p != proc.pid
@@ -238,9 +239,8 @@ def run_explained(cmd, env=None, size=None):
     128 + the signal's number (130, 143, 129); if this process is SIGKILLed,
     mpiexec gets SIGKILL from the kernel and the ranks follow
     (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
-    Returns the exit status (see :mod:`theanompi_ext.train.faults`).
+    Returns the exit status (see :mod:`theanompi_ext.errors`).
     """
-    from ..train.faults import RANKS_DIR_VAR, read_rank_notes
     folder = tempfile.mkdtemp(prefix='theanompi-ext-ranks-')
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
@@ -277,9 +277,10 @@ def run_explained(cmd, env=None, size=None):
             stop_job(proc, folder)
         watch.stop()
         sys.stderr.write('theanompi-ext: stopped by %s: every rank of the job ended '
-                         '(exit status %d)\n' % (signal.Signals(signum).name, 128 + signum))
+                         '(exit status %d)\n' % (signal.Signals(signum).name,
+                                                 EXIT_SIGNAL_BASE + signum))
         sys.stderr.flush()
-        return 128 + signum
+        return EXIT_SIGNAL_BASE + signum
     finally:
         if old_handlers:
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -3,15 +3,7 @@
 :func:`build_model` makes a model by name (see :data:`MODELS`).
 """
 
-MODELS = {}
-
-
-def register(name):
-    """Decorator adding a model builder to :data:`MODELS`."""
-    def deco(fn):
-        MODELS[name] = fn
-        return fn
-    return deco
+from .registry import MODELS, register
 
 
 def build_model(name, input_shape, n_classes, seed=0, **kw):

@@ -1,7 +1,7 @@
 """Small models for this machine and for tests (built from the same layers)."""
 import numpy as np
 
-from .layers import Dense, ReLU, Flatten, GlobalAvgPool, Pool, BatchNorm, conv_bn_relu
+from .layers import Dense, ReLU, Flatten, GlobalAvgPool, BatchNorm, conv_bn_relu
 from .network import Network
 
 

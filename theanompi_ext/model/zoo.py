@@ -18,7 +18,7 @@ name                architecture                           parameters
 The architectures and their choices (stride placement, projection
 shortcuts, zero-gamma) are documented in :mod:`.resnet` and :mod:`.vgg`.
 """
-from . import register
+from .registry import register
 from .resnet import bottleneck_resnet, cifar_resnet
 from .vgg import vgg16 as _vgg16, vgg_small as _vgg_small
 

@@ -34,6 +34,7 @@ import sys
 from .stepper import ContractStepper
 from .options import resolve_options
 from ..exchange.modes import NEW_SYNC_TYPES, SERIAL, check_mode
+from ..errors import NotInstallable
 
 THEANOMPI_EXCHANGER_MODULE = 'theanompi.lib.exchanger'
 
@@ -85,10 +86,6 @@ def _factory(original):
         return original(comm, gpucomm, exch_strategy, sync_type, ctx, model)
     make.theanompi_ext_original = original
     return make
-
-
-class NotInstallable(RuntimeError):
-    """Why :func:`install_into_theanompi` could not install (its message says)."""
 
 
 def _theanompi_exchanger_module():

@@ -32,6 +32,8 @@ the job's.
 import shlex
 import sys
 
+from ..errors import EXIT_BAD_INPUT
+
 USAGE = ('usage: python -m theanompi_ext.tmlauncher -cfg=SESSION.cfg [-file=MODELFILE] '
          '[-class=MODELCLASS] [-r=BSP] [-bsp_sync_type=kn|avg|cdd] '
          '[-bsp_exch_strategy=ar|ar-overlap]   (console script: tmxlauncher)')
@@ -203,7 +205,7 @@ def main(argv=None):
         rule.init(s['devices'], s['modelfile'], s['modelclass'], **s['options'])
     except ValueError as exc:
         sys.stderr.write('tmxlauncher: error: %s\n%s\n' % (exc, USAGE))
-        return 2
+        return EXIT_BAD_INPUT
     return rule.wait()
 
 

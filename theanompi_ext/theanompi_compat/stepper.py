@@ -42,12 +42,8 @@ from ..exchange.modes import OVERLAP, SERIAL
 from ..train.assemble import assemble_step, compile_in_turn, make_schedule
 from .graph import ContractGraph, GradientFunction
 from .options import resolve_options
-from .tags import contract_tags, layer_entries
-
-
-class NonFiniteStep(FloatingPointError):
-    """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
-    all_ranks = True
+from .tags import contract_tags
+from ..errors import NonFiniteStep
 
 
 def contract_settings(opts, sync_type, overlap):

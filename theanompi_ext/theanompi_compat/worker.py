@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from ..exchange.modes import OVERLAP, SERIAL, check_mode
+from ..errors import EXIT_BAD_INPUT
 
 
 def import_model_class(modelfile, modelclass):
@@ -118,8 +119,6 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     from ..collective import create_communicator
     from .stepper import ContractStepper
     from .options import resolve_options
-    from ..train.assemble import compile_in_turn
-    from .outputs import write_record, snapshot_due, save_snapshot
     check_mode(sync_type, exch_strategy)     # before any rank waits on another
     own_comm = comm is None
     comm = comm or create_communicator('auto')
@@ -127,6 +126,32 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     if len(devices) != size:
         raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
     log = log if rank == 0 else (lambda *a, **k: None)
+    model = _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
+    opts = resolve_options(model)
+    mode, why = choose_mode(model, exch_strategy)
+    stepper = ContractStepper(model, comm, sync_type, opts, log=log,
+                              overlap=(mode == OVERLAP))
+    log(_start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why, size))
+    history, t_start = [], time.perf_counter()
+    _train_epochs(model, stepper, opts, comm, sync_type, history, log,
+                  title='%s, %d ranks' % (modelclass, size))
+    model.cleanup()
+    summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
+                   iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
+                   history=history, options={k: v for k, v in opts.items()})
+    if rank == 0 and opts['out']:
+        write_final(opts['out'], summary, stepper.state_dict())
+    log('summary: %d ranks, %d iterations in %.1fs' % (size, stepper.iteration,
+                                                       summary['wall_s']))
+    if own_comm and hasattr(comm, 'close'):
+        comm.close()
+    return summary
+
+
+def _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices):
+    """The user's model, built and compiled on this rank (rank 0 first)."""
+    from ..train.assemble import compile_in_turn
+    rank, size = comm.rank, comm.size
     # Engine configuration first: a model module that imports Theano itself
     # then finds it configured (a user's .theanorc still wins, see engine).
     from .. import engine  # noqa: F401
@@ -141,69 +166,43 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
         m.compile_iter_fns(sync_type='cdd' if sync_type == 'cdd' else 'avg')
         return m
     # Rank 0 fills the compile cache first; the others then only load from it.
-    model = compile_in_turn(comm, build)
-    opts = resolve_options(model)
-    mode, why = choose_mode(model, exch_strategy)
-    stepper = ContractStepper(model, comm, sync_type, opts, log=log,
-                              overlap=(mode == OVERLAP))
+    return compile_in_turn(comm, build)
+
+
+def _start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why, size):
+    """What rank 0 says before the first step: ranks, exchange, batch, schedule, loading."""
     hook = getattr(model, 'load_train_batch', None)
-    n, n_subb = stepper.n, stepper.n_subb
-    log('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
-        'batch %d x %d = %d per iteration (one iteration = one sub-batch; %s), '
-        '%d iterations per epoch, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
-        % (modelclass, size, ','.join(devices), sync_type, mode, why, size, n, size * n,
-           stepper.feed.describe(), stepper.iters_per_epoch, opts['base_lr'],
-           stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
-           'model.load_train_batch(i) per file batch' if hook else
-           'model.train_iter(i) per sub-batch, then our parameters restored '
-           '(no load_train_batch hook)'))
+    n = stepper.n
+    return ('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
+            'batch %d x %d = %d per iteration (one iteration = one sub-batch; %s), '
+            '%d iterations per epoch, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
+            % (modelclass, size, ','.join(devices), sync_type, mode, why, size, n, size * n,
+               stepper.feed.describe(), stepper.iters_per_epoch, opts['base_lr'],
+               stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
+               'model.load_train_batch(i) per file batch' if hook else
+               'model.train_iter(i) per sub-batch, then our parameters restored '
+               '(no load_train_batch hook)'))
+
+
+def _train_epochs(model, stepper, opts, comm, sync_type, history, log, title):
+    """Every epoch: the steps, the validation, the epoch's record (appended to
+    ``history``), the outputs and the model's hyper-parameter hook."""
+    from .outputs import write_record, snapshot_due, save_snapshot
     recorder = Recorder()
-    history, t_start, done = [], time.perf_counter(), False
-    stats = np.zeros(5, np.float32)
     for epoch in range(int(model.n_epochs)):
         model.epoch = epoch
-        losses, errs = [], []
         t_epoch, times_before = time.perf_counter(), dict(recorder.times)
-        for i in range(int(model.data.n_batch_train)):
-            for subb in range(n_subb):
-                if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
-                    done = True
-                    break
-                if hook:
-                    if subb == 0:
-                        hook(i)
-                else:
-                    model.train_iter(i, recorder)
-                    if stepper.iteration == 0 and sync_type == 'avg' and \
-                            not stepper.model_step_moved():
-                        log(AVG_NOTE)
-                recorder.start()
-                cost, err, lr = stepper.step(subb)
-                recorder.end('calc+comm')
-                losses.append(cost)
-                errs.append(err)
-            if done:
-                break
+        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder, sync_type, log)
         model.reset_iter('train')
         if not losses:
             break
-        recorder.val = []
-        for j in range(int(getattr(model.data, 'n_batch_val', 0) or 0)):
-            for _ in range(n_subb):        # every sub-batch, as Theano-MPI validates
-                model.val_iter(j, recorder)
-        model.reset_iter('val')
-        vals = np.array(recorder.val or [(np.nan, np.nan)], np.float64)
-        stats[...] = (np.mean(losses), np.nanmean(errs) if np.any(np.isfinite(errs)) else 0,
-                      np.mean(vals[:, 0]), np.mean(vals[:, 1]), 1.0)
-        comm.allreduce(stats)
-        rec = dict(epoch=epoch + 1, train_loss=float(stats[0] / size),
-                   train_err=float(stats[1] / size), val_loss=float(stats[2] / size),
-                   val_err=float(stats[3] / size), lr=float(lr), iterations=stepper.iteration)
+        rec = _epoch_record(comm, epoch, losses, errs, _validate(model, recorder, stepper.n_subb),
+                            lr, stepper.iteration)
         rec['times_s'] = {m: t - times_before.get(m, 0.0) for m, t in recorder.times.items()}
         rec['epoch_s'] = time.perf_counter() - t_epoch
         history.append(rec)
-        if rank == 0 and opts['out']:
-            write_record(opts['out'], history, title='%s, %d ranks' % (modelclass, size))
+        if comm.rank == 0 and opts['out']:
+            write_record(opts['out'], history, title=title)
             if snapshot_due(epoch + 1, int(model.n_epochs), opts['snapshot_freq']):
                 save_snapshot(opts['out'], epoch + 1, stepper.iteration,
                               [p.name for p in model.params],
@@ -214,17 +213,53 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
         model.adjust_hyperp(epoch)
         if done:
             break
-    model.cleanup()
-    summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
-                   iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
-                   history=history, options={k: v for k, v in opts.items()})
-    if rank == 0 and opts['out']:
-        write_final(opts['out'], summary, stepper.state_dict())
-    log('summary: %d ranks, %d iterations in %.1fs' % (size, stepper.iteration,
-                                                       summary['wall_s']))
-    if own_comm and hasattr(comm, 'close'):
-        comm.close()
-    return summary
+
+
+def _train_epoch(model, stepper, opts, recorder, sync_type, log):
+    """One epoch's steps (each sub-batch of each file batch, up to ``max_steps``);
+    returns ``(losses, errors, last lr, whether max_steps was reached)``."""
+    hook = getattr(model, 'load_train_batch', None)
+    losses, errs, lr = [], [], None
+    for i in range(int(model.data.n_batch_train)):
+        for subb in range(stepper.n_subb):
+            if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
+                return losses, errs, lr, True
+            if hook:
+                if subb == 0:
+                    hook(i)
+            else:
+                model.train_iter(i, recorder)
+                if stepper.iteration == 0 and sync_type == 'avg' and \
+                        not stepper.model_step_moved():
+                    log(AVG_NOTE)
+            recorder.start()
+            cost, err, lr = stepper.step(subb)
+            recorder.end('calc+comm')
+            losses.append(cost)
+            errs.append(err)
+    return losses, errs, lr, False
+
+
+def _validate(model, recorder, n_subb):
+    """``[(loss, error)]`` of every validation sub-batch, as Theano-MPI validates."""
+    recorder.val = []
+    for j in range(int(getattr(model.data, 'n_batch_val', 0) or 0)):
+        for _ in range(n_subb):
+            model.val_iter(j, recorder)
+    model.reset_iter('val')
+    return np.array(recorder.val or [(np.nan, np.nan)], np.float64)
+
+
+def _epoch_record(comm, epoch, losses, errs, vals, lr, iterations):
+    """The epoch's means over every rank (one allreduce)."""
+    size = comm.size
+    stats = np.zeros(5, np.float32)
+    stats[...] = (np.mean(losses), np.nanmean(errs) if np.any(np.isfinite(errs)) else 0,
+                  np.mean(vals[:, 0]), np.mean(vals[:, 1]), 1.0)
+    comm.allreduce(stats)
+    return dict(epoch=epoch + 1, train_loss=float(stats[0] / size),
+                train_err=float(stats[1] / size), val_loss=float(stats[2] / size),
+                val_err=float(stats[3] / size), lr=float(lr), iterations=iterations)
 
 
 def write_final(out, summary, state):
@@ -248,7 +283,7 @@ def main(argv=None):
     if len(argv) != 5:
         sys.stderr.write('usage: python -m theanompi_ext.theanompi_compat.worker MODELFILE '
                          'MODELCLASS SYNC_TYPE EXCH_STRATEGY DEVICES\n')
-        return 2
+        return EXIT_BAD_INPUT
     modelfile, modelclass, sync_type, exch_strategy, devices = argv
     return guarded(lambda: run(modelfile, modelclass, sync_type, exch_strategy,
                                [d for d in devices.split(',') if d]))

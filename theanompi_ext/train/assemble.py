@@ -31,7 +31,7 @@ from ..exchange.modes import check_mode
 from ..exchange.rules import make_rule
 from ..params import ParamLayout, ParamSet
 from ..update.schedule import Schedule
-from .faults import RankMismatchError
+from ..errors import RankMismatchError
 
 
 # What every rank must have alike besides the plan: a rank that differs would

@@ -10,12 +10,12 @@ With ``--wire-dtype float16`` or ``bfloat16`` the distributed run sends
 its buckets as 16 bits while the reference stays float32, so the figure
 is the 16-bit wire's effect and the tolerance is :func:`tolerance`'s.
 """
-import json
 import os
-import sys
 import tempfile
 
 import numpy as np
+
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 
 TOLERANCE = 1e-4
 MOMENTUM = 0.9
@@ -57,7 +57,7 @@ def reference_params(cfg, workers):
     from ..collective.local import LocalCommunicator
     from ..model import build_model
     from .trainer import Trainer
-    from .worker import load_dataset
+    from ..data.source import load_dataset
     data = load_dataset(cfg)
     net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,
                       **cfg.extra.get('model_kw', {}))
@@ -77,13 +77,11 @@ def max_relative_difference(a, b):
 
 def main(args):
     """Run both, compare, print the figure last."""
-    from ..launch import mpiexec_command, run_mpiexec
-    from ..launch.mpiexec import child_env
+    from ..launch.mpiexec import child_env, run_mpiexec
+    from ..launch.worker_job import worker_command, write_worker_config
     out = tempfile.mkdtemp(prefix='tmx-equiv-')
     cfg = _cfg(args, out)
-    path = os.path.join(out, 'cfg.json')
-    with open(path, 'w') as f:
-        json.dump(cfg.to_dict(), f)
+    path = write_worker_config(cfg.to_dict(), os.path.join(out, 'cfg.json'))
     tol = tolerance(args.wire_dtype)
     print('check-equivalence: %s, %d workers x %d examples, %d steps, kn-batch %d; '
           'tolerance %.1e (relative, %s wire)' % (cfg.model, args.workers, args.batch,
@@ -94,11 +92,10 @@ def main(args):
               'summed gradient by up to 2u = %.1e and momentum %.1f keeps 1/(1-m) = %.0f '
               'times that: tolerance 2u/(1-m)' % (args.wire_dtype, tol * (1 - MOMENTUM),
                                                   MOMENTUM, 1 / (1 - MOMENTUM)))
-    cmd = mpiexec_command(args.workers, [sys.executable, '-m', 'theanompi_ext.train.worker', path])
-    rc = run_mpiexec(cmd, env=child_env(), timeout=args.timeout)
-    if rc != 0:
+    rc = run_mpiexec(worker_command(args.workers, path), env=child_env(), timeout=args.timeout)
+    if rc != EXIT_OK:
         print('check-equivalence: the %d-rank run failed (exit %d)' % (args.workers, rc))
-        return 2
+        return EXIT_BAD_INPUT
     with np.load(os.path.join(out, 'params.npz')) as z:
         dist = {k: z[k] for k in z.files}
     cfg.out = ''
@@ -107,7 +104,7 @@ def main(args):
     ok = diff <= tol
     print('check-equivalence: %s' % ('PASS' if ok else 'FAIL (exceeds %.1e)' % tol))
     print('max relative parameter difference: %.3e' % diff)
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
 
 
 def register(sub):

@@ -33,6 +33,7 @@ import os
 import numpy as np
 
 from .. import atomic
+from ..errors import CheckpointError, DivergedState
 
 FORMAT_VERSION = 2
 FILENAME = 'checkpoint.h5'
@@ -47,16 +48,6 @@ RESUME_MAY_CHANGE = frozenset((
     'overwrite', 'timeline', 'quiet', 'collective_timeout_s', 'stall_warn_s',
     'write_timeout_s', 'check_replicas_every', 'bucket_cap_mb', 'first_bucket_cap_mb',
     'backend'))
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used, with the file and the reason."""
-    all_ranks = True
-
-
-class DivergedState(FloatingPointError):
-    """The state to be saved holds NaN or infinity (found on every rank; exit status 3)."""
-    all_ranks = True
 
 
 def rank_state(trainer):

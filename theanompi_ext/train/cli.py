@@ -5,11 +5,10 @@
 * Inside an mpiexec the user started: every rank trains.
 """
 import argparse
-import json
 import os
 import sys
-import tempfile
 
+from ..errors import EXIT_BAD_INPUT, EXIT_OK
 from . import options
 from .progress import STDOUT_TTY_VAR
 
@@ -24,21 +23,24 @@ EXAMPLES = """examples:
 """
 
 
-def add_launch_arguments(p):
-    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` of ``train``
-    (``trials`` words its own: they apply to each of its runs)."""
+def add_launch_arguments(p, workers=None, config=None, dry_run=None):
+    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` of ``train``;
+    ``trials`` words its own help for the first, third and fourth (they apply to
+    each of its runs)."""
     g = p.add_argument_group('launch')
     g.add_argument('--workers', type=int, default=1, metavar='K',
-                   help='k, the ranks to start when not already inside mpiexec (default 1)')
+                   help=workers or 'k, the ranks to start when not already inside mpiexec '
+                                   '(default 1)')
     g.add_argument('--hostfile', default=None, metavar='FILE',
                    help='MPI host file, to place the ranks on several machines (default: '
                         'all on this one)')
     g.add_argument('--config', default=None, metavar='FILE',
-                   help='key=value file of training options (Theano-MPI session style); '
-                        'options on the command line override it')
+                   help=config or 'key=value file of training options (Theano-MPI session '
+                                  'style); options on the command line override it')
     g.add_argument('--dry-run', action='store_true',
-                   help='resolve every option, print the plan (batch, iterations, '
-                        'learning rates, exchange, outputs) and warnings, launch nothing')
+                   help=dry_run or 'resolve every option, print the plan (batch, iterations, '
+                                   'learning rates, exchange, outputs) and warnings, launch '
+                                   'nothing')
     return g
 
 
@@ -81,7 +83,7 @@ def main(args):
                              'choose mpi or auto' % args.workers)
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     from ..launch import in_mpi_job
     if in_mpi_job():
         from ..collective.world import launcher_rank_size, world_comm
@@ -97,10 +99,10 @@ def main(args):
         if rank == 0:
             before_launch(cfg, workers, hostfile, args.dry_run)
         if args.dry_run:
-            return 0
+            return EXIT_OK
     except (OSError, ValueError) as exc:   # e.g. less data than one minibatch
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     if in_mpi_job():
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
@@ -110,7 +112,7 @@ def main(args):
         lock = outdir.prepare(cfg)
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
-        return 2
+        return EXIT_BAD_INPUT
     os.environ[outdir.PREPARED_VAR] = '1'
     try:
         return _launch(args, cfg)
@@ -124,23 +126,16 @@ def main(args):
 
 
 def _launch(args, cfg):
-    from ..launch import mpiexec_command
     from ..launch.mpiexec import child_env
+    from ..launch.postmortem import run_explained   # names a rank that died
+    from ..launch.worker_job import temporary_worker_config, worker_command
     if args.workers == 1 and not args.hostfile:
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
-    with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as fh:
-        json.dump(cfg.to_dict(), fh)
-        path = fh.name
-    try:
-        cmd = mpiexec_command(args.workers, [sys.executable, '-u', '-m',
-                                             'theanompi_ext.train.worker', path],
-                              hostfile=args.hostfile)
-        from ..launch.postmortem import run_explained   # names a rank that died
+    with temporary_worker_config(cfg.to_dict()) as path:
         env = child_env()
         if sys.stdout.isatty():
             # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
             env[STDOUT_TTY_VAR] = '1'
-        return run_explained(cmd, env=env, size=args.workers)
-    finally:
-        os.unlink(path)
+        return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
+                             size=args.workers)

@@ -10,7 +10,7 @@ flat device vector the backward fills, an exchanger for device buckets
 """
 import numpy as np
 
-from ..devices import DeviceError, DeviceErrorOnRanks
+from ..errors import DeviceError, DeviceErrorOnRanks
 from ..exchange.rules import KnRule
 
 # 'auto' picks the first that works on this device.

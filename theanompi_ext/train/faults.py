@@ -1,71 +1,14 @@
-"""Exit statuses of a training run and the per-rank notes the launcher reads.
+"""Per-rank fault handling: the notes the launcher reads, the ranks' agreement.
 
-Exit status (the same from ``theanompi-ext train`` and from each rank):
+Exit statuses and the error classes: :mod:`theanompi_ext.errors`.
 
-== =====================================================================
-0  success
-2  bad input: options or config file (refused before launch), a data
-   file (missing, corrupt, wrong shapes/dtypes/labels), a checkpoint that
-   does not fit, ranks given different models
-3  training failed: an exception on a rank (the message names it), a
-   non-finite loss, replicas that diverged, or a rank that ended without
-   finishing while the launcher reported success
-4  a wait in a step's collective exceeded ``collective_timeout_s`` (the
-   message names the ranks that had not arrived)
-N  ``mpiexec``'s own status when a rank was killed by a signal (9 for
-   SIGKILL and the OOM killer, 11 for a segfault); the launcher names the
-   rank
-1xx the launcher was stopped: 130 SIGINT, 143 SIGTERM, 129 SIGHUP (128 +
-   the signal's number; every rank has ended, ``launch/postmortem.py``)
-== =====================================================================
-
-Also 2: an output folder in use or holding another run, an output path that
-cannot be written, a corrupt checkpoint or one resumed with other options;
-3: a file that cannot be written (``atomic.WriteError``), a state that is not
-finite when it would be saved (``checkpoint.DivergedState``); 4: also a
-checkpoint or final-output write longer than ``write_timeout_s``.
-
-Rank notes: when ``THEANOMPI_EXT_RANKS_DIR`` is set (``theanompi-ext train``
-sets it when it starts mpiexec), every rank writes ``rank<R>`` there:
-``<pid> <host> <state>`` with state ``running``, ``done 0`` or ``failed N``.
-The launcher maps the PID that mpiexec reports for a killed process back to
-its rank, and notices ranks that vanished without finishing.
+Rank notes (``launch/rank_notes.py``): each rank records ``running``, ``done 0``
+or ``failed N`` for the launcher.
 """
 import os
-import socket
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 3
-EXIT_TIMEOUT = 4            # == collective.watchdog.EXIT_STATUS
-
-RANKS_DIR_VAR = 'THEANOMPI_EXT_RANKS_DIR'
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The summed loss became NaN or infinite; training stopped (on every rank)."""
-    all_ranks = True
-
-
-class RankMismatchError(ValueError):
-    """Ranks disagree on the model, the exchange plan or the run options (raised on
-    every rank; exit status 2)."""
-    all_ranks = True
-
-
-def bad_input_types():
-    """Exception types that mean "bad input" (exit status 2)."""
-    from ..data.hdf5 import DataError
-    from .checkpoint import CheckpointError
-    from .outdir import OutputFolderError
-    return (DataError, CheckpointError, RankMismatchError, OutputFolderError)
-
-
-def exit_status(exc):
-    """The exit status for an exception that ended a rank (see the module docstring)."""
-    if getattr(exc, 'bad_input', False) or isinstance(exc, bad_input_types()):
-        return EXIT_BAD_INPUT
-    return EXIT_FAILED
+from ..errors import RankMismatchError, raised_on_all_ranks
+from ..launch.rank_notes import RANKS_DIR_VAR, write_rank_note
 
 
 def stop_with_parent():
@@ -88,33 +31,7 @@ def note_rank(state, rank=None):
     if rank is None:
         from ..collective.world import world_comm
         rank = world_comm().Get_rank()
-    path = os.path.join(folder, 'rank%d' % rank)
-    try:
-        # Written whole then renamed, so the launcher never reads half a note.
-        with open(path + '.tmp', 'w') as f:
-            f.write('%d %s %s\n' % (os.getpid(), socket.gethostname(), state))
-        os.replace(path + '.tmp', path)
-    except OSError:
-        pass   # notes only improve messages; never fail a run over them
-
-
-def read_rank_notes(folder):
-    """``{rank: (pid, host, state)}`` from the notes in ``folder``."""
-    notes = {}
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return notes
-    for name in names:
-        if not (name.startswith('rank') and name[4:].isdigit()):
-            continue
-        try:
-            with open(os.path.join(folder, name)) as f:
-                pid, host, state = f.read().strip().split(' ', 2)
-            notes[int(name[4:])] = (int(pid), host, state)
-        except (OSError, ValueError):
-            continue
-    return notes
+    write_rank_note(folder, rank, state)
 
 
 # Options a rank may set on its own: they change no collective. ``data`` may be
@@ -180,16 +97,16 @@ def prepare_agreement():
 
 
 def stopped_together(exc, timeout_s=None):
-    """True when every rank stopped with an error marked ``all_ranks`` (so each
-    can end normally); False means this rank must abort the job.
+    """True when every rank stopped with an error marked
+    :class:`~theanompi_ext.errors.AllRanks` (so each can end normally); False
+    means this rank must abort the job.
 
-    An error is marked ``all_ranks`` when every rank finds it at the same
-    point (after a collective: a non-finite loss, diverged replicas, ranks that
+    An error is marked so when every rank finds it at the same point (after a collective: a non-finite loss, diverged replicas, ranks that
     disagree). A checkpoint that only some ranks cannot read is marked so too;
     trusting the mark would leave the other ranks waiting forever, so the ranks
     confirm it with a barrier of their own, bounded by ``timeout_s``.
     """
-    if not getattr(exc, 'all_ranks', False):
+    if not raised_on_all_ranks(exc):
         return False
     if _world is None or _world.size == 1:
         return True     # one rank, or guarded() was bypassed: trust the mark

@@ -23,16 +23,12 @@ import socket
 import time
 
 from .. import atomic
+from ..errors import OutputFolderError
 
 LOCK_NAME = '.theanompi-ext.lock'
 #: Set in the ranks' environment by a launcher that has done :func:`prepare`.
 PREPARED_VAR = 'THEANOMPI_EXT_OUT_PREPARED'
 _RUN_FILES = ('checkpoint.h5', 'summary.json')
-
-
-class OutputFolderError(ValueError):
-    """An output path that cannot be used, or a folder in use (exit status 2)."""
-    bad_input = True
 
 
 def _writable_folder(folder, option):

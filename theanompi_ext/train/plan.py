@@ -151,7 +151,7 @@ def resolve_plan(cfg, workers):
     """The plan of a run not yet started: loads the data set and builds the
     model (Theano graphs, nothing compiled) to count examples and parameters."""
     from ..model import build_model
-    from .worker import load_dataset
+    from ..data.source import load_dataset
     cfg = cfg.validate()
     data = load_dataset(cfg)
     net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,

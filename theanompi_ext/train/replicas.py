@@ -21,10 +21,7 @@ import zlib
 
 import numpy as np
 
-
-class ReplicaMismatch(RuntimeError):
-    """Exchanged parameters differ between ranks (raised on every rank)."""
-    all_ranks = True
+from ..errors import ReplicaMismatch
 
 
 class ReplicaMonitor(object):

@@ -16,9 +16,8 @@ from ..collective.watchdog import watch
 from ..engine import on_device
 from ..exchange.modes import OVERLAP
 from . import faults, replicas
-from .faults import NonFiniteLoss, RankMismatchError  # noqa: F401 (their home was here)
-# check_models_match and compile_in_turn are also read from here.
-from .assemble import assemble_step, check_models_match, compile_in_turn, make_schedule  # noqa: F401
+from ..errors import NonFiniteLoss
+from .assemble import assemble_step, compile_in_turn, make_schedule
 
 
 class Trainer(object):

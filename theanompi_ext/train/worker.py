@@ -17,20 +17,10 @@ from .config import TrainConfig
 from .report import curves_png
 
 
-def load_dataset(cfg):
-    """The data set named by ``cfg.data``."""
-    if cfg.data == 'digits':
-        from ..data.digits import load_digits
-        return load_digits(repeat=int(cfg.extra.get('repeat', 1)),
-                           train_subset=int(cfg.extra.get('train_subset', 0)))
-    from ..data.source import load_hdf5_dataset
-    return load_hdf5_dataset(cfg.data, cfg)
-
-
 def run(cfg, comm=None, log=print):
     """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
     from ..collective import create_communicator
-    from ..devices import open_on_every_rank
+    from ..device_open import open_on_every_rank
     cfg = cfg.validate()
     comm = comm or create_communicator(cfg.backend)
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
@@ -55,6 +45,7 @@ def prepare_outputs(cfg, comm):
 def _run(cfg, comm, log, t0):
     from ..model import build_model
     from .trainer import Trainer
+    from ..data.source import load_dataset
     data = load_dataset(cfg)
     net = build_model(cfg.model, data.input_shape, data.n_classes, seed=cfg.seed,
                       **cfg.extra.get('model_kw', {}))
@@ -99,7 +90,7 @@ def output_files(cfg, summary, trainer):
         state = trainer.params.state_dict()
         bad = [k for k, v in state.items() if not np.all(np.isfinite(v))]
         if bad:
-            from .checkpoint import DivergedState
+            from ..errors import DivergedState
             raise DivergedState('the final parameters are not finite (%s); params.npz and '
                                 'summary.json were not written' % ', '.join(bad[:5]))
         buf = io.BytesIO()
@@ -155,18 +146,19 @@ def main(argv=None):
 def guarded(fn):
     """Run ``fn``; on any exception print it with the rank and end every rank.
 
-    Returns the exit status (``train/faults.py``: 2 bad input, 3 failed).
+    Returns the exit status (``errors.py``: 2 bad input, 3 failed).
     """
     from . import faults
+    from ..errors import EXIT_OK, exit_status
     faults.stop_with_parent()
     comm = faults.prepare_agreement()
     faults.note_rank('running')
     try:
         fn()
-        faults.note_rank('done 0')
-        return 0
+        faults.note_rank('done %d' % EXIT_OK)
+        return EXIT_OK
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
-        status = faults.exit_status(exc)
+        status = exit_status(exc)
         faults.note_rank('failed %d' % status)
         from .error_location import error_location
         where = error_location(exc)

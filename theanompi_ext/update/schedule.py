@@ -97,12 +97,3 @@ class Schedule(object):
                 return self.base_lr
             return self.base_lr + (self.target_lr - self.base_lr) * iteration / float(w)
         return self.target_lr * self.decay(iteration)
-
-    def as_dict(self):
-        """The settings, for summaries and checkpoints."""
-        return dict(base_lr=self.base_lr, total_batch=self.total_batch,
-                    ref_batch=self.ref_batch, iters_per_epoch=self.iters_per_epoch,
-                    epochs=self.epochs, warmup=self.warmup,
-                    warmup_epochs=self.warmup_epochs,
-                    decay_epochs=list(self.decay_epochs),
-                    decay_factor=self.decay_factor, workers=self.workers)

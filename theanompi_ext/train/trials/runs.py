@@ -1,0 +1,151 @@
+"""One run of a setting: its folder and config, launched through mpiexec with
+its output in ``run<i>/train.log``; returns the run's record."""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+from ...errors import EXIT_TIMED_OUT
+from .stats import LAST_EPOCHS, run_error
+
+RUN_FILES = ('summary.json', 'params.npz', 'curves.png', 'checkpoint.h5', 'train.log',
+             'config.json')
+
+
+def run_dir(out, setting, i):
+    """Folder of run ``i``: ``OUT/run<i>``, or ``OUT/NAME/run<i>`` for named settings."""
+    return os.path.join(out, setting.name, 'run%d' % i) if setting.name \
+        else os.path.join(out, 'run%d' % i)
+
+
+def run_config(setting, i, out_dir):
+    """The TrainConfig of run ``i``: seeds offset by ``i``, output in ``out_dir``."""
+    import dataclasses
+    return dataclasses.replace(setting.cfg, seed=setting.cfg.seed + i,
+                               data_seed=setting.cfg.data_seed + i, out=out_dir,
+                               resume=False).validate()
+
+
+def _partial_history(folder):
+    """Epoch records of a run that ended early, from its last checkpoint."""
+    path = os.path.join(folder, 'checkpoint.h5')
+    if not os.path.exists(path):
+        return []
+    try:
+        import h5py
+        with h5py.File(path, 'r') as f:
+            return json.loads(f.attrs['history'])
+    except Exception:  # noqa: B902 - a torn or foreign file only loses the partial curve
+        return []
+
+
+def _copy_output(stream, log, echo):
+    """Copy the ranks' output to the run's log (and the terminal with ``echo``)."""
+    for raw in iter(stream.readline, b''):
+        text = raw.decode('utf-8', 'replace')
+        log.write(text)
+        log.flush()
+        if echo:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    stream.close()
+
+
+def _record_from_summary(i, cfg, summary, wall_s, last):
+    hist = summary.get('history', [])
+    err, used, epochs = run_error(hist, last)
+    return dict(run=i, seed=cfg.seed, data_seed=cfg.data_seed, out=cfg.out, status='ok',
+                exit_status=0, error=err, epochs_used=used, error_epochs=epochs,
+                final_val_top1=summary.get('final_val_top1'),
+                final_val_top5=summary.get('final_val_top5'),
+                iterations=summary.get('iterations'), wall_s=wall_s,
+                step_s_median=summary.get('step_s_median'), history=hist)
+
+
+def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, echo=False):
+    """Train run ``i`` of ``setting`` through mpiexec; returns its record.
+
+    The ranks' output goes to ``run<i>/train.log`` (and also to the terminal
+    with ``echo``). With ``reuse``, a finished run whose ``summary.json`` holds the
+    same configuration is read instead of trained again.
+    """
+    from ...launch.worker_job import worker_command, write_worker_config
+    folder = run_dir(out, setting, i)
+    cfg = run_config(setting, i, folder)
+    summary_path = os.path.join(folder, 'summary.json')
+    if reuse:
+        rec = _reused_record(i, cfg, setting.workers, summary_path, last)
+        if rec is not None:
+            return rec
+    _clear_run_folder(folder)
+    cfg_path = write_worker_config(cfg.to_dict(), os.path.join(folder, 'config.json'))
+    log_path = os.path.join(folder, 'train.log')
+    t0 = time.perf_counter()
+    rc = _run_logged(worker_command(setting.workers, cfg_path, setting.hostfile), log_path,
+                     timeout, echo)
+    wall = time.perf_counter() - t0
+    if rc == 0 and os.path.exists(summary_path):
+        with open(summary_path) as f:
+            return _record_from_summary(i, cfg, json.load(f), wall, last)
+    return _failed_record(i, cfg, rc, wall, log_path, timeout)
+
+
+def _reused_record(i, cfg, workers, summary_path, last):
+    """The record of a finished run with the same configuration, or None."""
+    if not os.path.exists(summary_path):
+        return None
+    with open(summary_path) as f:
+        summary = json.load(f)
+    if summary.get('config') != cfg.to_dict() or summary.get('workers') != workers:
+        return None
+    rec = _record_from_summary(i, cfg, summary, summary.get('wall_s'), last)
+    rec['reused'] = True
+    return rec
+
+
+def _clear_run_folder(folder):
+    """Make ``folder`` and remove a previous run's results, so that a failed run
+    is never read as finished."""
+    os.makedirs(folder, exist_ok=True)
+    for name in RUN_FILES:
+        p = os.path.join(folder, name)
+        if os.path.exists(p):
+            os.unlink(p)
+
+
+def _run_logged(cmd, log_path, timeout, echo):
+    """Run ``cmd`` with its output in ``log_path``; its exit status
+    (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after ``timeout`` s)."""
+    from ...launch.mpiexec import child_env, popen_job, wait_job
+    with open(log_path, 'w') as log:
+        log.write('$ %s\n' % ' '.join(shlex.quote(c) for c in cmd))
+        log.flush()
+        # killed with this launcher, whatever the signal (launch/mpiexec.popen_job)
+        proc = popen_job(cmd, child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # The log is always written (a diverged run is recognised from it);
+        # a thread copies it so that the timeout below still applies.
+        pump = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),
+                                daemon=True)
+        pump.start()
+        try:
+            return wait_job(proc, timeout)
+        finally:
+            pump.join(timeout=10)
+
+
+def _failed_record(i, cfg, rc, wall, log_path, timeout):
+    """The record of a run that did not finish: diverged (non-finite loss) or failed."""
+    with open(log_path, errors='replace') as f:
+        text = f.read()
+    diverged = 'NonFiniteLoss' in text
+    reason = [ln for ln in text.splitlines() if 'failed:' in ln]
+    return dict(run=i, seed=cfg.seed, data_seed=cfg.data_seed, out=cfg.out,
+                status='diverged' if diverged else 'failed', exit_status=rc,
+                error=None, epochs_used=0, error_epochs=[], wall_s=wall,
+                reason=(reason[0].strip() if reason else
+                        'timed out after %ss' % timeout if rc == EXIT_TIMED_OUT else
+                        'exit status %d (see %s)' % (rc, log_path)),
+                history=_partial_history(cfg.out))
