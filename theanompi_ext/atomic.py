@@ -327,29 +327,8 @@ def run_isolated(fn, path, what='the file'):
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
-    if pid == 0:                                      # the child
-        status = 0
-        try:
-            os.close(res_r)
-            os.close(err_r)
-            os.dup2(err_w, 2)
-            sys.stderr = open(2, 'w', buffering=1, closefd=False)
-            import faulthandler
-            faulthandler.disable()      # a crash is reported by the parent, in one line
-            try:
-                out = {'ok': fn()}
-            except BaseException as exc:  # noqa: B902 - reported to the parent
-                bad = isinstance(exc, ValueError) and not isinstance(exc, OSError)
-                out = {'error': str(exc), 'kind': 'bad' if bad else (
-                    'os' if isinstance(exc, OSError) else 'other'),
-                    'type': type(exc).__name__}
-                status = 1
-            data = json.dumps(out, default=str).encode()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(res_w, view):]
-        finally:
-            os._exit(status)
+    if pid == 0:
+        _run_child(fn, (res_r, res_w), (err_r, err_w))    # never returns
     os.close(res_w)
     os.close(err_w)
     result, errors = _read_both(res_r, err_r)
@@ -359,14 +338,7 @@ def run_isolated(fn, path, what='the file'):
         if 'ok' in out:
             return out['ok']
         _remove_new_temporaries(folder, base, before)
-        if out['kind'] == 'bad':
-            raise ValueError(out['error'])
-        error = _one_line(out['error'])
-        if out['kind'] == 'os':
-            raise WriteError(None, error if path in error else
-                             '%s: could not write %s: %s' % (path, what, error))
-        raise WriteError(None, '%s: could not write %s: %s: %s'
-                         % (path, what, out['type'], error))
+        _raise_child_error(out, path, what)
     _remove_new_temporaries(folder, base, before)
     if os.WIFSIGNALED(wstatus):
         died = 'the writer crashed (%s)' % signal.Signals(os.WTERMSIG(wstatus)).name
@@ -374,6 +346,47 @@ def run_isolated(fn, path, what='the file'):
         died = 'the writer exited with status %d' % os.WEXITSTATUS(wstatus)
     raise WriteError(None, '%s: could not write %s: %s; %s, nothing was written'
                      % (path, what, _cause(errors), died))
+
+
+def _run_child(fn, res_pipe, err_pipe):
+    """The forked child of :func:`run_isolated`: run ``fn``, send its result or
+    its error as JSON on ``res_pipe``, stderr on ``err_pipe``, and exit."""
+    import json
+    import sys
+    status = 0
+    try:
+        os.close(res_pipe[0])
+        os.close(err_pipe[0])
+        os.dup2(err_pipe[1], 2)
+        sys.stderr = open(2, 'w', buffering=1, closefd=False)
+        import faulthandler
+        faulthandler.disable()      # a crash is reported by the parent, in one line
+        try:
+            out = {'ok': fn()}
+        except BaseException as exc:  # noqa: B902 - reported to the parent
+            bad = isinstance(exc, ValueError) and not isinstance(exc, OSError)
+            out = {'error': str(exc), 'kind': 'bad' if bad else (
+                'os' if isinstance(exc, OSError) else 'other'),
+                'type': type(exc).__name__}
+            status = 1
+        data = json.dumps(out, default=str).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(res_pipe[1], view):]
+    finally:
+        os._exit(status)
+
+
+def _raise_child_error(out, path, what):
+    """Raise again, in the parent, the error the child reported in ``out``."""
+    if out['kind'] == 'bad':
+        raise ValueError(out['error'])
+    error = _one_line(out['error'])
+    if out['kind'] == 'os':
+        raise WriteError(None, error if path in error else
+                         '%s: could not write %s: %s' % (path, what, error))
+    raise WriteError(None, '%s: could not write %s: %s: %s'
+                     % (path, what, out['type'], error))
 
 
 def _read_both(a, b):

@@ -84,18 +84,34 @@ class TrainConfig(object):
         return cfg
 
     def _check(self):
-        def bad(name, why):
-            raise ValueError('invalid option %s=%r: %s' % (name, getattr(self, name), why))
+        # One group of options per method, each readable on its own.
+        self._check_types()
+        self._check_schedule()
+        self._check_update_and_exchange()
+        self._check_run()
+
+    def _bad(self, name, why):
+        raise ValueError('invalid option %s=%r: %s' % (name, getattr(self, name), why))
+
+    def _check_types(self):
         for f in fields(self):
             v = getattr(self, f.name)
             # NaN passes every comparison check below, and inf some of them
             if isinstance(f.default, float) and not (
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
-                bad(f.name, 'must be a finite number')
+                self._bad(f.name, 'must be a finite number')
         for name in ('batch_per_worker', 'epochs', 'ref_batch', 'eval_every'):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                bad(name, 'must be a positive integer')
+                self._bad(name, 'must be a positive integer')
+        for name in ('check_replicas_every', 'progress_every'):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                self._bad(name, 'must be an integer >= 0 (0: %s)'
+                          % ('off' if name == 'check_replicas_every' else 'automatic'))
+
+    def _check_schedule(self):
+        bad = self._bad
         if not (isinstance(self.base_lr, (int, float)) and self.base_lr > 0):
             bad('base_lr', 'the learning rate must be > 0')
         if self.warmup not in WARMUPS:
@@ -103,6 +119,19 @@ class TrainConfig(object):
         if self.warmup != 'none' and not 0 <= self.warmup_epochs < self.epochs:
             bad('warmup_epochs', 'warm-up must be >= 0 and shorter than training '
                 '(%d epochs)' % self.epochs)
+        if not 0 < self.decay_factor <= 1:
+            bad('decay_factor', 'must be in (0, 1]')
+        d = self.decay_epochs
+        if not isinstance(d, tuple) or any(
+                not isinstance(e, int) or isinstance(e, bool) or e < 1 for e in d) \
+                or any(a >= b for a, b in zip(d, d[1:])):
+            bad('decay_epochs', 'must be strictly increasing whole epochs >= 1, '
+                'e.g. 30,60,80 (empty: no decay)')
+
+    def _check_update_and_exchange(self):
+        from ..collective.registry import backend_names, host_backends
+        from .device_step import EXCHANGE_PATHS
+        bad = self._bad
         if self.momentum_form not in FORMS:
             bad('momentum_form', 'choose from %s' % (FORMS,))
         if not 0 <= self.momentum < 1:
@@ -112,16 +141,19 @@ class TrainConfig(object):
         if self.wire_dtype not in WIRE_DTYPES:
             bad('wire_dtype', 'choose from %s' % (WIRE_DTYPES,))
         check_mode(self.sync_type, self.exch_strategy, self.wire_dtype)
-        if not 0 < self.decay_factor <= 1:
-            bad('decay_factor', 'must be in (0, 1]')
-        d = self.decay_epochs
-        if not isinstance(d, tuple) or any(
-                not isinstance(e, int) or isinstance(e, bool) or e < 1 for e in d) \
-                or any(a >= b for a, b in zip(d, d[1:])):
-            bad('decay_epochs', 'must be strictly increasing whole epochs >= 1, '
-                'e.g. 30,60,80 (empty: no decay)')
         if self.bucket_cap_mb <= 0 or self.first_bucket_cap_mb <= 0:
             bad('bucket_cap_mb', 'bucket caps must be > 0')
+        if self.exchange_path not in EXCHANGE_PATHS:
+            bad('exchange_path', 'choose from %s' % (EXCHANGE_PATHS,))
+        if self.backend not in host_backends():
+            bad('backend', 'choose from %s%s' % (host_backends(), (
+                ' (%s sums device arrays; the trainer exchanges host buffers, or device '
+                'buckets through --exchange-path)' % self.backend)
+                if self.backend in backend_names() else ''))
+
+    def _check_run(self):
+        from ..devices import parse_device_list
+        bad = self._bad
         if self.max_steps < 0:
             bad('max_steps', 'must be >= 0')
         if self.checkpoint_every < 0:
@@ -133,25 +165,10 @@ class TrainConfig(object):
         for name in ('collective_timeout_s', 'stall_warn_s', 'write_timeout_s'):
             if getattr(self, name) < 0:
                 bad(name, 'must be a number of seconds >= 0 (0: off)')
-        for name in ('check_replicas_every', 'progress_every'):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                bad(name, 'must be an integer >= 0 (0: %s)'
-                    % ('off' if name == 'check_replicas_every' else 'automatic'))
-        from ..devices import parse_device_list
-        from .device_step import EXCHANGE_PATHS
         try:
             parse_device_list(self.device)
         except ValueError as exc:
             bad('device', str(exc))
-        if self.exchange_path not in EXCHANGE_PATHS:
-            bad('exchange_path', 'choose from %s' % (EXCHANGE_PATHS,))
-        from ..collective.registry import backend_names, host_backends
-        if self.backend not in host_backends():
-            bad('backend', 'choose from %s%s' % (host_backends(), (
-                ' (%s sums device arrays; the trainer exchanges host buffers, or device '
-                'buckets through --exchange-path)' % self.backend)
-                if self.backend in backend_names() else ''))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
         if self.resume and self.overwrite:

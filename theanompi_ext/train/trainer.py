@@ -145,7 +145,6 @@ class Trainer(object):
         With ``cfg.out`` set, a checkpoint is written after every epoch (or
         every ``cfg.checkpoint_every`` iterations).
         """
-        from ..data.prefetch import Prefetcher
         from .progress import Progress
         cfg = self.cfg
         progress = Progress.for_trainer(self)
@@ -164,35 +163,15 @@ class Trainer(object):
             t_ep = time.perf_counter()
             losses, errs = partial.get('losses', []), partial.get('errs', [])
             partial = {}
-            progress.start_epoch(epoch, first)
-            batches = Prefetcher(self.data.train_batch,
-                                 (self.batch_indices(perm, it) for it in range(first, last)))
-            try:
-                for it, (x, y) in zip(range(first, last), batches):
-                    t0 = time.perf_counter()
-                    loss, err, lr = self.step(x, y)
-                    step_times.append(time.perf_counter() - t0)
-                    replicas.after_step(self)
-                    losses.append(float(loss))
-                    errs.append(float(err))
-                    progress.step(it + 1, self.iteration, loss, batches.wait_s,
-                                  self.exchange_wait_s)
-                    if self._checkpoint_due(it + 1):
-                        self.save_checkpoint({'losses': losses, 'errs': errs})
-            finally:
-                batches.close()
-                progress.end_epoch()
+            lr, data_wait_s = self._epoch_steps(epoch, perm, (first, last), losses, errs,
+                                                progress, step_times)
             if last < self.iters_per_epoch or not losses:
                 # max_steps reached inside this epoch: keep what was done
                 if cfg.out and cfg.checkpoint and losses:
                     self.save_checkpoint({'losses': losses, 'errs': errs})
                 break
-            rec = dict(epoch=epoch + 1, train_loss=float(np.mean(losses)),
-                       train_err=float(np.mean(errs)), lr=float(lr),
-                       epoch_s=time.perf_counter() - t_ep, data_wait_s=batches.wait_s)
-            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                rec['val_loss'], rec['val_top1'], rec['val_top5'] = self.evaluate()
-            rec.update(replicas.epoch_fields(self))
+            rec = self._epoch_record(epoch, losses, errs, lr, time.perf_counter() - t_ep,
+                                     data_wait_s)
             self.history.append(rec)
             self.log(format_epoch(rec, cfg.epochs))
             if cfg.out and cfg.checkpoint:
@@ -201,6 +180,44 @@ class Trainer(object):
             # written with the other final outputs (worker.write_outputs)
             self.trace = self.timeline.gather(self.comm)
         return self.summary(time.perf_counter() - t_start, step_times)
+
+    def _epoch_steps(self, epoch, perm, span, losses, errs, progress, step_times):
+        """Iterations ``span = (first, last)`` (last excluded) of ``epoch``, appending
+        to ``losses``, ``errs`` and ``step_times``; returns (the last learning
+        rate, seconds the steps waited for data)."""
+        from ..data.prefetch import Prefetcher
+        first, last = span
+        progress.start_epoch(epoch, first)
+        batches = Prefetcher(self.data.train_batch,
+                             (self.batch_indices(perm, it) for it in range(first, last)))
+        lr = None
+        try:
+            for it, (x, y) in zip(range(first, last), batches):
+                t0 = time.perf_counter()
+                loss, err, lr = self.step(x, y)
+                step_times.append(time.perf_counter() - t0)
+                replicas.after_step(self)
+                losses.append(float(loss))
+                errs.append(float(err))
+                progress.step(it + 1, self.iteration, loss, batches.wait_s,
+                              self.exchange_wait_s)
+                if self._checkpoint_due(it + 1):
+                    self.save_checkpoint({'losses': losses, 'errs': errs})
+        finally:
+            batches.close()
+            progress.end_epoch()
+        return lr, batches.wait_s
+
+    def _epoch_record(self, epoch, losses, errs, lr, epoch_s, data_wait_s):
+        """The history entry of a finished epoch (evaluated when due)."""
+        cfg = self.cfg
+        rec = dict(epoch=epoch + 1, train_loss=float(np.mean(losses)),
+                   train_err=float(np.mean(errs)), lr=float(lr),
+                   epoch_s=epoch_s, data_wait_s=data_wait_s)
+        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+            rec['val_loss'], rec['val_top1'], rec['val_top5'] = self.evaluate()
+        rec.update(replicas.epoch_fields(self))
+        return rec
 
     # -- checkpoints and progress --------------------------------------------
     _partial = None
