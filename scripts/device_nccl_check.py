@@ -32,7 +32,14 @@ What it shows
      into a second flat buffer lands exactly where it belongs, and with one
      chunk of compute per bucket (the comm stream waiting by an event for
      the chunk that produced the bucket) the chunks and the bucket
-     allreduces overlap (concurrent < 0.9 x the sum of the two alone).
+     allreduces overlap (concurrent < 0.9 x the sum of the two alone);
+  5. the trainer's NCCL exchange path itself (``exchange/nccl_device.py``,
+     ``DeviceNCCLExchanger`` over a communicator with ``compute_stream=``)
+     on that layout: each chunk (slow work, then the write of its bucket)
+     on the compute stream, each bucket started as its view, ``finish()``
+     making the compute stream wait, the read after it seeing every sum
+     (with one rank the in-place sum is the identity, so this proves the
+     path runs and keeps the values, not the cross-rank sum).
 
 Limits, stated in the report: with one rank, NCCL performs an in-place
 sum as nothing at all, so the timed operation is an *out-of-place*
@@ -255,14 +262,17 @@ def overlap(rep, comm, cp, mb, size, target_ms, trials):
     rep.check(t_both < 0.9 * (t_ar + t_mm), 'overlap: concurrent time < 0.9 x sum of the two alone', detail)
 
 
+# A ResNet-like mix of tensor sizes (conv kernels, BN vectors, a classifier).
+FLAT_SIZES = [640, 10] + [64] * 4 + [147456, 256, 256, 73728, 128, 128, 36864, 64, 64] * 3 \
+    + [1728]
+
+
 def flat_layout(rep, comm, cp, size, trials):
     """Check 4: bucket views of one flat gradient buffer, as the trainer lays them out."""
     from theanompi_ext.buckets.plan import plan_buckets
     from theanompi_ext.collective.nccl import device_buffer
     from theanompi_ext.collective.nccl_lib import NCCL_FLOAT32, NCCL_AVG
-    # A ResNet-like mix of tensor sizes (conv kernels, BN vectors, a classifier).
-    sizes = [640, 10] + [64] * 4 + [147456, 256, 256, 73728, 128, 128, 36864, 64, 64] * 3 \
-        + [1728]
+    sizes = FLAT_SIZES
     buckets = plan_buckets(sizes, len(sizes), 0.5, 0.05)
     total = sum(sizes)
     src = cp.arange(total, dtype=cp.float32) % 997
@@ -322,6 +332,53 @@ def flat_layout(rep, comm, cp, size, trials):
               'allreduces interleaved < 0.9 x the sum alone', detail)
 
 
+def exchange_path(rep, ranks, cp, size):
+    """Check 5: the trainer's NCCL exchange path (exchange/nccl_device.py) on the flat layout.
+
+    Each "chunk" is slow work then the write of its bucket's gradient on
+    the compute stream; the exchanger starts the bucket (its view, on the
+    comm stream after the chunk's event); finish() makes the compute
+    stream wait; the "update" then reads the flat buffer on the compute
+    stream. The host must not block before the final synchronize.
+    """
+    from theanompi_ext.buckets.plan import plan_buckets
+    from theanompi_ext.collective.nccl import NCCLCommunicator
+    from theanompi_ext.exchange.nccl_device import DeviceNCCLExchanger
+    buckets = plan_buckets(FLAT_SIZES, len(FLAT_SIZES), 0.5, 0.05)
+    total = sum(FLAT_SIZES)
+    compute = cp.cuda.Stream(non_blocking=True)
+    comm = NCCLCommunicator(comm=ranks, compute_stream=compute)
+    try:
+        ex = DeviceNCCLExchanger(comm, buckets, total)
+        flat = cp.zeros(total, dtype=cp.float32)
+        a = cp.random.rand(size, size, dtype=cp.float32)
+        c = cp.empty_like(a)
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for b in buckets:
+            with compute:
+                for _ in range(2):
+                    cp.matmul(a, a, out=c)
+                flat[b.start:b.stop] = b.index + 1
+            ex.start_ready(b.last, flat)
+        ex.finish(flat)
+        with compute:
+            seen = flat.copy()          # the update reads after every sum
+        t_host = time.perf_counter() - t0
+        compute.synchronize()
+        t_all = time.perf_counter() - t0
+        want = cp.zeros(total, dtype=cp.float32)
+        for b in buckets:
+            want[b.start:b.stop] = (b.index + 1) * comm.size
+        rep.check(bool(cp.array_equal(seen, want)), 'the trainer\'s NCCL exchange path '
+                  '(DeviceNCCLExchanger): every bucket view summed, read after finish() on the '
+                  'compute stream', '%d buckets, world size %d' % (len(buckets), comm.size))
+        rep.add('INFO', 'exchange path host time', 'enqueue %.1f ms of %.1f ms until the '
+                'compute stream was done (no host sync before it)' % (t_host * 1e3, t_all * 1e3))
+    finally:
+        comm.close()
+
+
 def main(argv=None):
     args = parse_args(argv)
     _timeout(args.timeout)
@@ -359,6 +416,7 @@ def main(argv=None):
         ordering(rep, comm, cp, min(args.matmul, 8192))
         overlap(rep, comm, cp, args.mb, args.matmul, args.target_ms, args.trials)
         flat_layout(rep, comm, cp, min(args.matmul, 4096), args.trials)
+        exchange_path(rep, ranks, cp, min(args.matmul, 4096))
     except Exception as exc:   # report what broke, then the exit status says FAIL
         import traceback
         traceback.print_exc()

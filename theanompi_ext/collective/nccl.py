@@ -388,11 +388,11 @@ class NCCLHandle(Handle):
             self._finish()
         return self._done
 
-    def wait(self, timeout=None, sync=None):
+    def wait(self, timeout=None, sync=None, stream=None):
         """Order later work after the sum; return the buffer.
 
-        Default: the *current* CuPy stream waits on the done event, the host
-        does not block. ``sync=True`` (or the communicator's ``sync_wait``,
+        Default: the *current* CuPy stream (or ``stream``, e.g. the stream
+        the update runs on) waits on the done event, the host does not block. ``sync=True`` (or the communicator's ``sync_wait``,
         or any ``timeout``) blocks the host until the sum is there and then
         reports asynchronous NCCL failures.
         """
@@ -409,7 +409,9 @@ class NCCLHandle(Handle):
             self.host_synced = True
             self._owner._raise_async_error(self.name)
         else:
-            self._owner._cp.cuda.get_current_stream().wait_event(self._done_event)
+            if stream is None:
+                stream = self._owner._cp.cuda.get_current_stream()
+            stream.wait_event(self._done_event)
             # Not finished yet (done() keeps querying the event); t_end is
             # provisional until completion is observed.
             if self.t_end is None:
@@ -492,6 +494,11 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         if (count, urank) != (self.size, self.rank):
             raise NCCLError('ncclCommInitRank', 3, 'communicator is rank %s of %s, MPI says %d of %d'
                             % (urank, count, self.rank, self.size))
+
+    @property
+    def compute_stream(self):
+        """The ``compute_stream=`` given (a CuPy stream), or None (the current one)."""
+        return self._compute
 
     @property
     def nccl_comm(self):

@@ -24,10 +24,20 @@ Theano-MPI's worker raises ``model.shared_lr`` by ``k**(1/5)`` per epoch
 reads ``shared_lr / base_lr`` as the model's own decay, so the install also
 turns that worker's ``lr_warmup`` off (else the two warm-ups compound).
 
+NCCL: when Theano-MPI's worker gives a real ``gpucomm`` (its
+``pygpu.collectives.GpuComm`` over all ranks) and ``ctx`` (the pygpu
+context of the model's device), the gradient buckets are summed through
+that ``gpucomm`` (``all_reduce(dev, '+', dev)`` on ``ctx``'s stream,
+:class:`~theanompi_ext.collective.gpucomm_host.GpuCommExchange`): a device
+bucket in place, a host bucket (the contract stepper's flat gradient is a
+host vector) through a device copy on ``ctx``; the barrier, the checks and
+the finite-gradient vote stay on host MPI. With ``gpucomm=None`` the whole
+exchange is host-memory MPI. Tested against a fake ``GpuComm`` only; not
+yet run on a GPU.
+
 What it cannot do there: overlap (Theano-MPI's worker runs the whole
-iteration before calling ``exchange``), NCCL (``gpucomm``/``ctx`` are
-ignored; the exchange is a host-memory MPI allreduce), and every iteration
-costs one extra forward/backward (the model's own step, then ours).
+iteration before calling ``exchange``), and every iteration costs one
+extra forward/backward (the model's own step, then ours).
 """
 import sys
 
@@ -43,16 +53,16 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
     """Theano-MPI's exchanger interface over this project's rules.
 
     ``comm`` is mpi4py's ``COMM_WORLD`` (or any mpi4py communicator);
-    ``gpucomm`` and ``ctx`` are accepted and ignored (host MPI only).
+    ``gpucomm``/``ctx``: Theano-MPI's ``GpuComm`` and pygpu context, or None
+    (see :func:`exchange_communicator`).
     """
 
     def __init__(self, comm, gpucomm, exch_strategy, sync_type, ctx, model):
         # Before any collective: every rank refuses the same way.
         options = resolve_options(model)
         check_mode(sync_type, exch_strategy, options['wire_dtype'])
-        from ..collective.mpi import MPICommunicator
         self.mpi_comm = comm
-        self.comm = MPICommunicator(comm)
+        self.comm = exchange_communicator(comm, gpucomm, ctx)
         self.sync_type, self.exch_strategy = sync_type, exch_strategy
         self.model = model
         self.stepper = ContractStepper(model, self.comm, sync_type, options)
@@ -77,6 +87,29 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
         self.last = self.stepper.step(self.calls % self.stepper.n_subb)
         self.calls += 1
         recorder.end('comm')
+
+
+def exchange_communicator(comm, gpucomm=None, ctx=None, to_device=None):
+    """The communicator of the exchange inside Theano-MPI's worker.
+
+    ``gpucomm`` None: our MPI communicator over mpi4py ``comm``. Else the
+    gradient sums go through ``gpucomm`` on ``ctx`` and the rest over MPI
+    (:class:`~theanompi_ext.collective.gpucomm_host.GpuCommExchange`;
+    ``to_device`` as there).
+    """
+    from ..collective.mpi import MPICommunicator
+    if gpucomm is not None and ctx is None:
+        raise ValueError('BSP_Exchanger was given a gpucomm but ctx=None: the pygpu context '
+                         'the gpucomm was built on is needed for the device copies')
+    host = MPICommunicator(comm)
+    if gpucomm is None:
+        return host
+    from ..collective.gpucomm_host import GpuCommExchange
+    try:
+        return GpuCommExchange(gpucomm, ctx, host, to_device)
+    except Exception:
+        host.close()
+        raise
 
 
 def _factory(original):

@@ -33,37 +33,54 @@ class DeviceKnRule(KnRule):
         self.params.after_update()
 
 
-def choose_exchange_path(requested, device):
-    """The exchange path for device buffers: ``'host-staged'`` or ``'nccl'``.
+def choose_exchange_path(requested, device, comm=None, probe=None):
+    """The exchange path for device buffers: ``'host-staged'`` or ``'nccl'``
+    (:func:`exchange_choice` without the reason)."""
+    return exchange_choice(requested, device, comm, probe)[0]
 
-    ``auto`` takes NCCL where it can run, else host-staged MPI. Asking for
-    NCCL where it cannot run is a DeviceError naming why.
+
+def exchange_choice(requested, device, comm=None, probe=None):
+    """``(path, reason)``: the exchange path for device buffers and why.
+
+    ``auto`` takes NCCL where it can run on every rank, else host-staged
+    MPI; ``host-staged`` is always possible. Asking for NCCL where it cannot
+    run is a :class:`DeviceErrorOnRanks` naming why, on every rank. With
+    ``comm`` (the host communicator) the ranks agree: NCCL is taken only
+    where every rank can run it (else ranks would wait on different
+    collectives). ``probe``: :func:`theanompi_ext.collective.nccl.probe`
+    (tests inject one).
     """
     if requested not in EXCHANGE_PATHS:
         raise DeviceError('unknown exchange path %r; choose from %s' % (requested, EXCHANGE_PATHS))
     if requested == 'host-staged':
-        return requested
-    why = nccl_unavailable(device)
+        return requested, 'requested'
+    why = nccl_unavailable(device, probe)
+    if comm is not None and comm.size > 1:
+        whys = comm.allgather(why)
+        bad = ['rank %d: %s' % (r, w) for r, w in enumerate(whys) if w is not None]
+        why = None if not bad else (why if len(set(whys)) == 1 else '; '.join(bad))
     if why is None:
-        return 'nccl'
+        return 'nccl', 'requested' if requested == 'nccl' else 'auto: NCCL can run on %s' % device
     if requested == 'nccl':
-        # every rank finds this the same way
         raise DeviceErrorOnRanks('exchange path nccl is not available on device %s: %s'
                                  % (device, why))
-    return 'host-staged'
+    return 'host-staged', 'auto: %s' % why
 
 
-def nccl_unavailable(device):
+def nccl_unavailable(device, probe=None):
     """Why NCCL cannot exchange this device's buffers (None when it can)."""
     if not device.startswith('cuda'):
         return 'NCCL needs a CUDA device'
-    return ('the NCCL exchange of device buckets has not been built and tested on a GPU '
-            'yet (docs/gpu.md)')
+    if probe is None:
+        from ..collective.nccl import probe
+    ok, why = probe()
+    return None if ok else why
 
 
 def install(trainer, exchange_path='auto'):
     """Swap ``trainer``'s params, gradient, exchanger and rule for device ones."""
-    from ..engine import device
+    from ..engine import device, device_context
+    from ..exchange.nccl_device import nccl_exchanger
     from ..device_params import DeviceParamSet, DeviceGradients
     from ..exchange.staged import HostStagedExchanger
     from ..update.device import DeviceOptimizer
@@ -72,10 +89,15 @@ def install(trainer, exchange_path='auto'):
     if cfg.sync_type != 'kn':
         raise DeviceError('device %s trains with sync_type=kn only (got %s; avg and cdd '
                           'update on the host)' % (device(), cfg.sync_type))
-    path = choose_exchange_path(exchange_path, device())
+    path, why = exchange_choice(exchange_path, device(), trainer.comm)
     params = DeviceParamSet(trainer.params)
     grads = DeviceGradients(layout)
-    exchanger = HostStagedExchanger(trainer.comm, trainer.buckets, trainer.n_exch)
+    if path == 'nccl':
+        # Buckets over NCCL; trainer.comm (host) keeps the loss statistics and checks.
+        exchanger = nccl_exchanger(trainer.comm, device(), device_context(), trainer.buckets,
+                                   trainer.n_exch)
+    else:
+        exchanger = HostStagedExchanger(trainer.comm, trainer.buckets, trainer.n_exch)
     scale = np.ones(layout.total, np.float32)
     scale[trainer.n_exch:] = trainer.exchanger.local_scale
     opt = DeviceOptimizer(params.flat_var, cfg.momentum, cfg.momentum_form, cfg.nesterov,
@@ -83,6 +105,5 @@ def install(trainer, exchange_path='auto'):
     trainer.params, trainer.grads, trainer.exchanger = params, grads.flat, exchanger
     trainer.device_grads = grads
     trainer.rule = DeviceKnRule(exchanger, opt, params)
-    trainer.exchange_path = '%s on %s' % (exchanger.path if path == 'host-staged' else path,
-                                          device())
+    trainer.exchange_path = '%s on %s (%s)' % (exchanger.path, device(), why)
     return trainer

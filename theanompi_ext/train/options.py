@@ -57,8 +57,10 @@ HELP = {
               "cuda1, ...), OpenCL's opencl0:0, or one per rank (cuda0,cuda1: rank r takes "
               "entry r, or its local rank's); a device needs `make gpu-deps` (docs/gpu.md)",
     'exchange_path': 'how device buffers are exchanged, one of %(choices)s: auto picks '
-                     'what works, host-staged copies each ready bucket to the host for '
-                     'MPI, nccl is refused with the reason (not built yet)',
+                     'nccl on CUDA devices where NCCL can run on every rank, else '
+                     'host-staged, which copies each ready bucket to the host for MPI; '
+                     'nccl sums each bucket on the GPU (refused with the reason where '
+                     'NCCL cannot run)',
     'backend': 'collective backend of the ranks, one of %(choices)s: auto is mpi under '
                'an MPI launcher with several ranks, else local (one process)',
     'bucket_cap_mb': 'size cap of one allreduce bucket, MB',

@@ -26,7 +26,7 @@ def run(cfg, comm=None, log=print):
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
     if dev != 'cpu':
         from .device_step import choose_exchange_path
-        choose_exchange_path(cfg.exchange_path, dev)    # NCCL asked for where it cannot run
+        choose_exchange_path(cfg.exchange_path, dev, comm)   # NCCL asked for where it cannot run
     lock = prepare_outputs(cfg, comm)
     try:
         return _run(cfg, comm, log, t0=time.perf_counter())
