@@ -46,3 +46,16 @@ def test_check_equivalence_float16_wire_states_tolerance_and_differs():
                           r.stdout.strip().splitlines()[-1]).group(1))
     # the wire really is 16 bits: far above the float32 run's ~1e-7, within the bound
     assert 1e-4 < diff < 9.8e-3
+
+
+def test_a_failed_k_rank_run_exits_with_its_own_status():
+    # Stopped by the time limit while the ranks still start up: the status
+    # is the launcher's timeout status (124), not a generic failure.
+    from theanompi_ext.errors import EXIT_TIMED_OUT
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'check-equivalence',
+                        '--workers', '2', '--steps', '12', '--subset', '128',
+                        '--timeout', '0.5'],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == EXIT_TIMED_OUT, r.stdout + r.stderr[-2000:]
+    assert 'the 2-rank run failed (exit %d)' % EXIT_TIMED_OUT in r.stdout
+    assert 'PASS' not in r.stdout
