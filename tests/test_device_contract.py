@@ -4,7 +4,8 @@
 ``opencl`` fixture of conftest: skipped without pygpu/pocl, failed under
 CI) trains tests/dropin/digits_contract.py's model on the device (the
 trainer's device step: flat device parameters and gradient, host-staged
-MPI, the compiled update) to the parameters of the same session with
+MPI, the compiled update; serial, and overlapped with the chunked backward)
+to the parameters of the same session with
 ``DEVICES=cpu0,cpu1`` (the host backend), float32 tolerance. Bad device
 strings and devices that cannot be opened end every rank with exit 2.
 """
@@ -14,6 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import ROOT
 
@@ -21,12 +23,12 @@ MODEL = os.path.join(ROOT, 'tests', 'dropin', 'digits_contract.py')
 STEPS = 3
 
 
-def session(tmp_path, name, devices, timeout=900):
+def session(tmp_path, name, devices, model='DigitsMLPHooked', strategy='ar', timeout=900):
     """Run tmxlauncher on a session file; (exit status, stdout, stderr, out folder)."""
     out = tmp_path / name
     cfg = tmp_path / (name + '.cfg')
-    cfg.write_text('RULE=BSP\nMODELFILE=%s\nMODELCLASS=DigitsMLPHooked\nDEVICES=%s\n'
-                   'MAX_STEPS=%d\nOUT=%s\n' % (MODEL, devices, STEPS, out))
+    cfg.write_text('RULE=BSP\nMODELFILE=%s\nMODELCLASS=%s\nEXCH_STRATEGY=%s\nDEVICES=%s\n'
+                   'MAX_STEPS=%d\nOUT=%s\n' % (MODEL, model, strategy, devices, STEPS, out))
     res = subprocess.run([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-cfg=%s' % cfg],
                          capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
     return res.returncode, res.stdout, res.stderr, out
@@ -56,14 +58,21 @@ def test_session_device_that_cannot_be_opened_stops_every_rank(tmp_path):
         assert 'rank %d of 2 failed: DeviceErrorOnRanks' % r in log, log
 
 
-def test_contract_session_on_device_matches_cpu(opencl, tmp_path):
-    rc, stdout, stderr, dev_out = session(tmp_path, 'dev', '%s,%s' % (opencl, opencl))
+# DigitsMLP has no load_train_batch: its own train_iter steps and the stepper
+# restores the device parameters; DigitsMLPLayered: the chunked backward on the
+# device, each bucket host-staged as it is final. ~1 min each (pocl builds).
+@pytest.mark.parametrize('model,strategy', [('DigitsMLP', 'ar'),
+                                            ('DigitsMLPLayered', 'ar-overlap')])
+def test_contract_session_on_device_matches_cpu(opencl, tmp_path, model, strategy):
+    rc, stdout, stderr, dev_out = session(tmp_path, 'dev', '%s,%s' % (opencl, opencl),
+                                          model, strategy)
     assert rc == 0, stdout + stderr
     first = stdout.splitlines()[0]
     # the first log line names the ranks' devices and the exchange path
     assert 'on 2 ranks (opencl0:0,opencl0:0)' in first, first
     assert 'exchange host-staged MPI on opencl0:0' in first, first
-    rc, cpu_stdout, stderr, cpu_out = session(tmp_path, 'cpu', 'cpu0,cpu1')
+    assert 'exchange mode %s:' % strategy in first, first
+    rc, cpu_stdout, stderr, cpu_out = session(tmp_path, 'cpu', 'cpu0,cpu1', model, strategy)
     assert rc == 0, cpu_stdout + stderr
     assert 'exchange host MPI;' in cpu_stdout.splitlines()[0]
     dev, cpu = load_params(dev_out), load_params(cpu_out)
