@@ -85,3 +85,20 @@ def test_contract_session_on_device_matches_cpu(opencl, tmp_path, model, strateg
         np.testing.assert_allclose(dev[name], cpu[name], rtol=1e-4, atol=1e-6, err_msg=name)
     summary = json.load(open(str(dev_out / 'summary.json')))
     assert summary['iterations'] == STEPS and summary['devices'] == ['opencl0:0'] * 2
+
+
+def test_opencl_entries_are_devices_not_hosts():
+    from theanompi_ext.launch.devices import parse_devices
+    assert parse_devices(['opencl0:0', 'opencl0:0']) == [(None, 'opencl0:0')] * 2
+    assert parse_devices('opencl0:0,opencl1:2') == [(None, 'opencl0:0'), (None, 'opencl1:2')]
+    assert parse_devices(['node0:opencl0:0,opencl0:1', 'node1:cuda0']) == [
+        ('node0', 'opencl0:0'), ('node0', 'opencl0:1'), ('node1', 'cuda0')]
+
+
+def test_bsp_init_refuses_unknown_device_before_launch():
+    from theanompi_ext import BSP
+    from theanompi_ext.errors import DeviceError
+    rule = BSP()
+    with pytest.raises(DeviceError, match="unknown device 'opencl0'"):
+        rule.init(['cuda0', 'opencl0'], MODEL, 'DigitsMLPHooked')
+    assert rule.proc is None

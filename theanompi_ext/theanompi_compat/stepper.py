@@ -88,7 +88,8 @@ class ContractStepper(object):
             # of a flat device vector, a flat device gradient, host-staged exchange,
             # the compiled device update (train/device_step.py).
             from ..train.device_step import install
-            install(self, 'auto', settings)
+            self.cfg = settings          # what install reads the update's options from
+            install(self, 'auto')
         # On the host the master copy undoes whatever the model's own train
         # function did; on a device only a model without load_train_batch (whose
         # train_iter steps) needs it, the others' parameters are not touched.

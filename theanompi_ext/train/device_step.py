@@ -61,21 +61,14 @@ def nccl_unavailable(device):
             'yet (docs/gpu.md)')
 
 
-def install(trainer, exchange_path='auto', settings=None):
-    """Swap ``trainer``'s params, gradient, exchanger and rule for device ones.
-
-    ``trainer`` holds the :class:`~theanompi_ext.train.assemble.StepParts`
-    (our :class:`~theanompi_ext.train.trainer.Trainer`, or the Theano-MPI
-    contract's :class:`~theanompi_ext.theanompi_compat.stepper.ContractStepper`);
-    ``settings`` (default ``trainer.cfg``) has the update's options under
-    :class:`~theanompi_ext.train.config.TrainConfig`'s names.
-    """
+def install(trainer, exchange_path='auto'):
+    """Swap ``trainer``'s params, gradient, exchanger and rule for device ones."""
     from ..engine import device
     from ..device_params import DeviceParamSet, DeviceGradients
     from ..exchange.staged import HostStagedExchanger
     from ..update.device import DeviceOptimizer
     from ..update.policy import decay_vector
-    cfg, layout = (settings if settings is not None else trainer.cfg), trainer.layout
+    cfg, layout = trainer.cfg, trainer.layout
     if cfg.sync_type != 'kn':
         raise DeviceError('device %s trains with sync_type=kn only (got %s; avg and cdd '
                           'update on the host)' % (device(), cfg.sync_type))
