@@ -164,7 +164,7 @@ def test_tmlauncher_matches_reference(tmp_path, ref6):
     # Session file, the model with the load_train_batch hook, a .py path as MODELFILE.
     cfg = tmp_path / 'session.cfg'
     cfg.write_text('# a Theano-MPI session\nRULE=BSP\nMODELFILE=%s\nMODELCLASS=DigitsMLPHooked\n'
-                   'DEVICES=cuda0,cuda1\nSYNC_TYPE=kn\nEXCH_STRATEGY=ar-overlap\n'
+                   'DEVICES=cpu0,cpu1\nSYNC_TYPE=kn\nEXCH_STRATEGY=ar-overlap\n'
                    'MAX_STEPS=6\nOUT=%s\n' % (os.path.join(DROPIN, 'digits_contract.py'),
                                              tmp_path / 'out'))
     res = run_launcher(['-cfg=%s' % cfg], cwd=str(tmp_path))

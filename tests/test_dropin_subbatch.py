@@ -195,7 +195,7 @@ def test_session_launcher(tmp_path, model, strategy):
     cfg.write_text('# launch_session.cfg as Theano-MPI writes it\nRULE=BSP\n'
                    "BSP_SYNC_TYPE='kn'\nBSP_EXCH_STRATEGY=%s\n"
                    'MODELFILE=tmzoo.subbatch\nMODELCLASS=%s\n'
-                   'DEVICES=("localhost:cuda0"\n         "localhost:cuda1")\nOUT=%s\n'
+                   'DEVICES=("localhost:cpu0"\n         "localhost:cpu1")\nOUT=%s\n'
                    % (strategy, model_class(model, strategy), tmp_path / 'out'))
     res = run([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-cfg=%s' % cfg], DROPIN,
               env_with(DROPIN, home=tmp_path))

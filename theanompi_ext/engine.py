@@ -14,7 +14,9 @@ and no user has to set ``THEANO_FLAGS`` by hand:
   (``longintrepr.h`` is gone), so we make Theano fall back to Python scan;
 * ``device``: the one :func:`theanompi_ext.devices.configure` chose
   (``cpu`` by default); on a device also ``dnn.enabled=False`` (Theano
-  1.0.5 knows cuDNN only up to v7; convolutions use GpuCorrMM), and the
+  1.0.5 knows cuDNN only up to v7; convolutions use GpuCorrMM), on OpenCL
+  ``optimizer_excluding`` keeping the fused crossentropy(softmax) op on the
+  host (its kernel does not build there, :data:`engine_flags.OPENCL_EXCLUDED`), and the
   device must open: else :class:`~theanompi_ext.errors.DeviceError`
   naming it and why.
 

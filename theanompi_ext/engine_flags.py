@@ -48,6 +48,12 @@ def theanorc_keys(environ=None):
             keys.add(option if section == 'global' else '%s.%s' % (section, option))
     return keys
 
+# Theano's fused GPU kernel for crossentropy(softmax) (what -log(softmax(.)[y])
+# becomes) does not build on OpenCL ("clBuildProgram: Unknown error", pocl):
+# on OpenCL that one op stays on the host, the rest of the graph on the device.
+OPENCL_EXCLUDED = ('local_gpua_crossentropysoftmaxargmax1hotwithbias:'
+                   'local_gpua_crossentropysoftmax1hotwithbiasdx')
+
 
 def merged_flags(user_flags, environ=None):
     """Our defaults, minus the keys of the user's .theanorc, overridden by ``user_flags``."""
@@ -65,7 +71,10 @@ def merged_flags(user_flags, environ=None):
     dev = configured()
     if dev != 'cpu':
         # Theano 1.0.5 knows cuDNN only up to v7: convolutions use GpuCorrMM
-        for key, value in (('dnn.enabled', 'False'), ('print_active_device', 'False')):
+        extra = [('dnn.enabled', 'False'), ('print_active_device', 'False')]
+        if dev.startswith('opencl'):
+            extra.append(('optimizer_excluding', OPENCL_EXCLUDED))
+        for key, value in extra:
             if key not in flags:
                 flags[key] = value
                 order.append(key)

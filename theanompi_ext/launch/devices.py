@@ -1,13 +1,17 @@
 """Theano-MPI's ``DEVICES`` syntax: the ranks' devices and, across nodes, their hosts.
 
-One node: ``cuda0,cuda1`` (or a list ``['cuda0', 'cuda1']``). Several
+One node: ``cuda0,cuda1`` (or a list ``['cuda0', 'cuda1']``; OpenCL's
+``opencl0:0`` is a device, not a host ``opencl0``). Several
 nodes (Theano-MPI's session files, a bash array): ``("node0:cuda0"
 "node1:cuda0,cuda1")``, which reaches us as the list ``['node0:cuda0',
 'node1:cuda0,cuda1']``: rank r takes the r-th device in that order.
 """
+import re
 import socket
 
 LOCAL_NAMES = ('localhost', '127.0.0.1')
+
+_OPENCL = re.compile(r'^opencl\d+:', re.IGNORECASE)
 
 
 def parse_devices(value):
@@ -18,7 +22,11 @@ def parse_devices(value):
     items = [value] if isinstance(value, str) else list(value)
     out = []
     for item in items:
-        host, sep, devs = str(item).strip().rpartition(':')
+        text = str(item).strip()
+        # HOST:DEVICES, where DEVICES may itself hold 'openclP:D'.
+        host, sep, devs = text.partition(':')
+        if not sep or _OPENCL.match(text):
+            host, sep, devs = None, '', text
         host = host.strip() if sep else None
         if sep and not host:
             raise ValueError('DEVICES entry %r: empty host before ":"' % item)

@@ -11,6 +11,9 @@ from .tags import layer_entries
 class GradientFunction(object):
     """``fn(subb) -> (cost, error, [grad values])`` on sub-batch ``subb`` of the loaded batch.
 
+    ``device_scale`` (on a device): the gradients come scaled by it and stay
+    device arrays.
+
     Compiled from the model's own graph with the model's own feed
     (:class:`~theanompi_ext.theanompi_compat.feed.ModelFeed`: ``subb_ind`` as input,
     ``shared_x_slice``/``shared_y_slice``/``shared_lr`` given for
@@ -18,16 +21,28 @@ class GradientFunction(object):
     as the model's train function sees them.
     """
 
-    def __init__(self, model, params_order, feed):
+    def __init__(self, model, params_order, feed, device_scale=None):
         from ..engine import theano
         err = getattr(model, 'error', None)
         self.has_error = err is not None
         outs = [model.cost] + ([err] if self.has_error else [])
         grads = [model.grads[i] for i in params_order]
         self.feed = feed
+        self.n_out = len(outs)
+        if device_scale is not None:
+            self.fn = self._device_fn(outs, grads, device_scale)
+            return
         self.fn = theano.function(list(feed.inputs), outs + grads, givens=feed.givens or None,
                                   on_unused_input='ignore', name='tmx_contract_grads')
-        self.n_out = len(outs)
+
+    def _device_fn(self, outs, grads, scale):
+        """On a device: the gradients times ``scale`` (1/k), returned as device
+        arrays (the stepper copies them into the flat device gradient)."""
+        from ..engine import function
+        scaled = [g * np.float32(scale) for g in grads]
+        fed = self.feed.clone(outs + scaled)
+        return function(list(self.feed.inputs), fed, name='tmx_contract_grads',
+                        device_outputs=fed[self.n_out:])
 
     def __call__(self, subb=0):
         res = self.fn(*self.feed.values(subb))

@@ -126,9 +126,12 @@ class BSP(object):
     def init(self, devices, modelfile, modelclass, **options):
         """Start one rank per device and return immediately.
 
-        ``devices``: list like ``['cuda0', 'cuda1']`` or ``['cpu0', 'cpu1']``
-        (also a comma-separated string), or across nodes Theano-MPI's
-        ``['node0:cuda0', 'node1:cuda0,cuda1']`` (rank r takes the r-th device). ``options``: exchange options of
+        ``devices``: list like ``['cuda0', 'cuda1']``, ``['opencl0:0',
+        'opencl0:0']`` or ``['cpu0', 'cpu1']`` (also a comma-separated
+        string), or across nodes Theano-MPI's ``['node0:cuda0',
+        'node1:cuda0,cuda1']``: rank r computes on the r-th device (``cpu``/
+        ``cpuN``: the host backend). An unknown device string is a
+        :class:`~theanompi_ext.errors.DeviceError` (a ValueError) here. ``options``: exchange options of
         :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS` (e.g.
         ``warmup='theanompi'``), passed to the ranks in the environment.
         """
@@ -136,8 +139,10 @@ class BSP(object):
         from ..launch.devices import parse_devices, remote_hosts, host_args
         if not devices:
             raise ValueError('no devices given')
+        from ..devices import parse_device_list
         pairs = parse_devices(devices)
         devices = [d for _, d in pairs]
+        parse_device_list(devices)      # an unknown device string: DeviceError, before launch
         hosts = remote_hosts(pairs)
         check_exchange_options(self.sync_type, self.exch_strategy,
                                options.get('wire_dtype', 'float32'))

@@ -19,7 +19,8 @@ Session file: Theano-MPI's (a bash file of ``KEY=VALUE`` lines, ``#``
 comments, quoted values, ``DEVICES=("node0:cuda0" "node1:cuda0,cuda1")``
 arrays over several lines). Keys (case-insensitive): ``RULE=BSP``,
 ``MODELFILE=pkg.module`` (or a ``.py`` path), ``MODELCLASS=Name``,
-``DEVICES``; ``BSP_SYNC_TYPE`` / ``SYNC_TYPE`` (kn, avg, cdd; default kn),
+``DEVICES`` (one per rank: rank r computes on entry r, ``cudaN``,
+``openclP:D``, or ``cpu``/``cpuN`` for the host backend); ``BSP_SYNC_TYPE`` / ``SYNC_TYPE`` (kn, avg, cdd; default kn),
 ``BSP_EXCH_STRATEGY`` / ``EXCH_STRATEGY`` (ar, ar-overlap; default ar);
 and every exchange option of :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS`
 (``WARMUP``, ``WARMUP_EPOCHS``, ``REF_BATCH``, ``BATCH_PER_WORKER``,

@@ -80,6 +80,20 @@ class ContractStepper(object):
         # order, params, layout, n_exch, buckets, exchanger, rule, ... (train/assemble.py)
         assemble_step(comm, model.params, contract_tags(model), settings, k,
                       names=names).install(self)
+        from ..engine import on_device     # Theano is loaded by now (the model)
+        self.exchange_path = 'host MPI'
+        self.on_device = on_device()
+        if self.on_device:
+            # The trainer's device step: the model's shared variables become views
+            # of a flat device vector, a flat device gradient, host-staged exchange,
+            # the compiled device update (train/device_step.py).
+            from ..train.device_step import install
+            self.cfg = settings          # what install reads the update's options from
+            install(self, 'auto')
+        # On the host the master copy undoes whatever the model's own train
+        # function did; on a device only a model without load_train_batch (whose
+        # train_iter steps) needs it, the others' parameters are not touched.
+        self.restores = not self.on_device or getattr(model, 'load_train_batch', None) is None
         from .feed import ModelFeed
         self.feed = ModelFeed(model, opts['batch_per_worker'],
                               outputs=[getattr(model, 'error', None)])
@@ -95,11 +109,12 @@ class ContractStepper(object):
             from ..backward.chunked import ChunkedBackward
             self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
                 None, self.params.vars, 1.0 / k,
-                graph=ContractGraph(model, 1.0 / k, feed=self.feed)))
+                graph=ContractGraph(model, 1.0 / k, feed=self.feed), device_io=self.on_device))
             self.gradfn = None
         else:
-            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(model, self.order,
-                                                                         self.feed))
+            scale = 1.0 / k if self.on_device else None
+            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(
+                model, self.order, self.feed, device_scale=scale))
         self.master = self.params.values.copy()
         self._stats = np.zeros(2, np.float32)
         self.iteration = 0
@@ -111,12 +126,20 @@ class ContractStepper(object):
         storage (or updated it in place); this restores our binding cheaply.
         """
         ps = self.params
+        if self.on_device:
+            ps.bind()
+            return
         for i, var in enumerate(ps.vars):
             var.set_value(ps.layout.view(ps.values, i), borrow=True)
 
     def restore(self):
         """Undo anything the model did to its parameters since our last step."""
-        self.params.values[...] = self.master
+        if not self.restores:
+            return
+        if self.on_device:
+            self.params.flat.write(self.master)
+        else:
+            self.params.values[...] = self.master
         self.rebind()
 
     def model_step_moved(self):
@@ -158,19 +181,28 @@ class ContractStepper(object):
             cost, error, gvals = self.gradfn(subb)
             inv_k = np.float32(1.0 / self.k)
             for i, g in enumerate(gvals):
+                if self.on_device:       # already times 1/k; a copy on the device
+                    self.layout.view(self.grads, i)[...] = g
+                    continue
                 np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,
                             out=self.grads[self.layout.slice(i)])
         self._stats[...] = (cost, 0.0 if not np.isfinite(error) else error)
-        finite = np.array([1.0 if np.all(np.isfinite(self.grads)) and np.isfinite(cost)
-                           else 0.0], np.float32)
+        # On a device the gradient stays there: the loss is checked (as the trainer does).
+        finite = np.array([1.0 if np.isfinite(cost) and
+                           (self.on_device or np.all(np.isfinite(self.grads))) else 0.0],
+                          np.float32)
         self.comm.allreduce(finite)
         if finite[0] < self.k:
             raise NonFiniteStep('non-finite loss or gradient at iteration %d'
                                      % self.iteration)
         lr = self.lr()
-        self.rule.step(self.params.values, self.grads, lr, reduced=self.overlap)
-        self.master[...] = self.params.values
-        self.rebind()
+        # (the device rule reads no host values: the update runs there)
+        self.rule.step(None if self.on_device else self.params.values, self.grads, lr,
+                       reduced=self.overlap)
+        if self.restores:
+            self.master[...] = self.params.values
+        if not self.on_device:
+            self.rebind()
         self.iteration += 1
         return cost, error, lr
 

@@ -5,8 +5,11 @@ usage (started by ``BSP.init`` / ``tmlauncher`` through mpiexec)::
     python -u -m theanompi_ext.theanompi_compat.worker MODELFILE MODELCLASS SYNC_TYPE \
         EXCH_STRATEGY DEVICES
 
-``DEVICES`` is the comma-separated device list; rank r takes entry r (on
-a CPU machine the device only names the rank). Options of the exchange
+``DEVICES`` is the comma-separated device list, one entry per rank: rank
+r computes on entry r (Theano-MPI's ``cudaN``, ``openclP:D``; ``cpu``/``cpuN``
+is the host backend, as before). The engine is configured for that device
+before the model file imports Theano; a device that cannot be opened stops
+every rank (exit 2). Options of the exchange
 (warm-up, reference batch, ...) arrive as ``THEANOMPI_EXT_<NAME>``
 environment variables, see :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS`.
 
@@ -117,14 +120,18 @@ def choose_mode(model, exch_strategy):
 def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
     """Train the contract model on this rank; returns a summary dict."""
     from ..collective import create_communicator
-    from .stepper import ContractStepper
-    from .options import resolve_options
+    from ..device_open import open_on_every_rank
     check_mode(sync_type, exch_strategy)     # before any rank waits on another
     own_comm = comm is None
     comm = comm or create_communicator('auto')
     rank, size = comm.rank, comm.size
     if len(devices) != size:
         raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
+    # Theano loads here, on this rank's entry (the list has one per rank, in
+    # rank order across hosts), before the model file imports it.
+    open_on_every_rank(devices[rank], comm)
+    from .stepper import ContractStepper
+    from .options import resolve_options
     log = log if rank == 0 else (lambda *a, **k: None)
     model = _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
     opts = resolve_options(model)
@@ -152,9 +159,9 @@ def _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
     """The user's model, built and compiled on this rank (rank 0 first)."""
     from ..train.assemble import compile_in_turn
     rank, size = comm.rank, comm.size
-    # Engine configuration first: a model module that imports Theano itself
-    # then finds it configured (a user's .theanorc still wins, see engine).
-    from .. import engine  # noqa: F401
+    # The engine is configured (run: open_on_every_rank): a model module that
+    # imports Theano itself finds it on this rank's device (a user's .theanorc
+    # still wins, see engine).
     cls = import_model_class(modelfile, modelclass)
     config = {'verbose': rank == 0, 'rank': rank, 'size': size, 'mname': modelclass,
               'device': devices[rank], 'sync_type': sync_type, 'exch_strategy': exch_strategy}
@@ -175,11 +182,12 @@ def _start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why,
     n = stepper.n
     return ('theanompi_ext: %s on %d ranks (%s), sync_type=%s, exchange mode %s: %s; '
             'batch %d x %d = %d per iteration (one iteration = one sub-batch; %s), '
-            '%d iterations per epoch, lr %g -> %g (warmup %s over %g epochs); batch loading: %s'
+            '%d iterations per epoch, lr %g -> %g (warmup %s over %g epochs); exchange %s; '
+            'batch loading: %s'
             % (modelclass, size, ','.join(devices), sync_type, mode, why, size, n, size * n,
                stepper.feed.describe(), stepper.iters_per_epoch, opts['base_lr'],
                stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
-               'model.load_train_batch(i) per file batch' if hook else
+               stepper.exchange_path, 'model.load_train_batch(i) per file batch' if hook else
                'model.train_iter(i) per sub-batch, then our parameters restored '
                '(no load_train_batch hook)'))
 
