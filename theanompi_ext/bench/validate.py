@@ -211,19 +211,38 @@ def tbf_link(rate, burst=None):
     return float(m.group(1)) * TC_RATE[m.group(2)] / 8, float(b.group(1)) * TC_SIZE[b.group(2)]
 
 
-def link_seconds(wire_bytes, k, link):
+def link_seconds(wire_bytes, k, link, refill_s=float('inf')):
     """Seconds the emulated link adds to one step's allreduces of ``wire_bytes`` (total).
 
     Every rank's traffic crosses the one shaped loopback: a ring (or
     reduce-scatter + allgather) of b bytes puts 2 (k-1) b bytes through
-    it. tbf lets ``burst`` bytes through at once (its bucket refills in
-    burst / rate, 10 ms at 200 Mbit/s, less than a step) and the rest at its
-    rate. ``link`` None (shared memory): 0, the copies are CPU work.
+    it. tbf lets what its bucket holds through at once and the rest at its
+    rate; the bucket holds at most ``burst`` bytes and refills at the rate
+    during the ``refill_s`` seconds since the last exchange (a training
+    step's compute: 10 ms refill the 256 KB at 200 Mbit/s). ``link`` None
+    (shared memory): 0, the copies are CPU work.
     """
     if link is None:
         return 0.0
     rate, burst = link
-    return max(0.0, 2 * (k - 1) * wire_bytes - burst) / rate
+    return max(0.0, 2 * (k - 1) * wire_bytes - min(burst, rate * refill_s)) / rate
+
+
+def block_link_seconds(wire_bytes, k, link, steps):
+    """Median seconds the link adds per allreduce in a block of ``steps`` back to back.
+
+    What ``bench overlap``'s allreduce-alone blocks see: the tbf bucket is
+    full when a block starts (the modes before it computed for longer than
+    it takes to refill) and hardly refills between the block's allreduces,
+    so the first ones pass in the burst and the later ones at the rate.
+    """
+    if link is None:
+        return 0.0
+    import numpy as np
+    rate, burst = link
+    per = 2 * (k - 1) * wire_bytes
+    over = [max(0.0, i * per - burst) for i in range(steps + 1)]
+    return float(np.median([(over[i + 1] - over[i]) / rate for i in range(steps)]))
 
 
 def wire_cast_cpu(sizes, k, wire, reps=5):
@@ -271,39 +290,26 @@ def predict(measured, wire_dtype, link=None, casts=None):
     """
     from ..simulate.host import contended, step_cpu_seconds
     from ..simulate.model import WIRE_SCALE, step_time
-    from ..simulate.network import Network
     inputs = {k: measured_inputs(row, path, (casts or {}).get(k, 0.0))
               for k, (row, path) in sorted(measured.items())}
     k0 = min(inputs)
-    scale = WIRE_SCALE[wire_dtype]
-
-    algorithm = 'ring' if wire_dtype == 'float32' else 'asa'
-
-    def ring(k, alpha, link_s, wire_bytes):
-        # per-link bandwidth giving the 2 (k-1)/k b / bw of both algorithms the link seconds
-        bw = 2.0 * (k - 1) / k * wire_bytes / link_s if link_s > 0 else 1e30
-        return Network(algorithm=algorithm, alpha=alpha, bandwidth=bw, intra_alpha=alpha,
-                       intra_bandwidth=bw, gpus_per_node=1)
-
-    # Calibration at k0: the allreduce-only time, less the link and the casts,
-    # is CPU work per step at the share those blocks ran at.
+    # Calibration at k0: the loss statistics' allreduce (a few numbers) in the
+    # serial steps of the slowest rank is latency alone, CPU work at the share
+    # those steps ran at. (Not the buckets' allreduce-alone blocks: over the
+    # shaped link they are mostly bytes, which would be booked as CPU.)
     c = inputs[k0]
-    wire0 = scale * sum(c['sizes'])
-    steps0 = len(c['sizes']) * ring(k0, 0.0, 1.0, 1.0).latency_steps(k0)
-    ar_share = min(1.0, c['row']['cpu_per_wall_allreduce'])
-    step_cpu = step_cpu_seconds(c['row']['allreduce_s'], ar_share, steps0,
-                                other_s=link_seconds(wire0, k0, link)
-                                + contended(c['cast'], ar_share))
+    step_cpu = step_cpu_seconds(c['stats'], c['serial_share'], stats_steps(k0))
     out = []
     for k, c in sorted(inputs.items()):
-        row, wire_bytes = c['row'], scale * sum(c['sizes'])
-        net = ring(k, contended(step_cpu, c['share']), link_seconds(wire_bytes, k, link),
-                   wire_bytes)
+        row, wire_bytes = c['row'], WIRE_SCALE[wire_dtype] * sum(c['sizes'])
+        alpha = contended(step_cpu, c['share'])
+        link_s = link_seconds(wire_bytes, k, link, refill_s=c['serial'].compute_s)
+        net = _host_network(wire_dtype, k, alpha, link_s, wire_bytes)
         cast_per_byte = contended(c['cast'], c['share']) / sum(c['sizes'])
         for mode, overlap in (('serial', False), ('overlap', True)):
             res = step_time(c[mode], net, k, overlap=overlap, wire_dtype=wire_dtype,
                             buckets=c['sizes'], cast_s_per_byte=cast_per_byte,
-                            sync_s=stats_steps(k) * net.alpha, sync_queued=True)
+                            sync_s=stats_steps(k) * alpha, sync_queued=True, shared_link=True)
             pred = res.step_s + c['update']
             meas = row['%s_s' % mode]
             out.append({'workers': k, 'mode': mode, 'measured_s': meas, 'predicted_s': pred,
@@ -311,19 +317,41 @@ def predict(measured, wire_dtype, link=None, casts=None):
                         'measured_efficiency': row['compute_s'] / meas,
                         'predicted_efficiency': row['compute_s'] / pred,
                         'cpu_share': c['share'], 'step_cpu_s': step_cpu,
-                        'step_latency_s': net.alpha, 'cast_s': cast_per_byte * sum(c['sizes']),
-                        'link_s': link_seconds(wire_bytes, k, link),
-                        'allreduce_measured_s': row['allreduce_s'],
-                        'allreduce_predicted_s': sum(
-                            m.cost(net, k, scale, cast_per_byte) for m in res.messages),
+                        'step_latency_s': alpha, 'cast_s': cast_per_byte * sum(c['sizes']),
+                        'link_s': link_s, 'allreduce_measured_s': row['allreduce_s'],
+                        'allreduce_predicted_s': _alone(res.messages, c, wire_dtype, k, alpha,
+                                                        link, cast_per_byte),
                         'buckets': len(c['sizes']), 'calibrated_at': k0})
     return out
+
+
+def _host_network(wire_dtype, k, alpha, link_s, wire_bytes):
+    """The simulator's network for k ranks on this host: latency ``alpha`` per
+    step, and a bandwidth that gives ``wire_bytes`` the ``link_s`` seconds."""
+    from ..simulate.network import Network
+    algorithm = 'ring' if wire_dtype == 'float32' else 'asa'
+    # both algorithms move 2 (k-1)/k b bytes per rank: that over bw is link_s
+    bw = 2.0 * (k - 1) / k * wire_bytes / link_s if link_s > 0 else 1e30
+    return Network(algorithm=algorithm, alpha=alpha, bandwidth=bw, intra_alpha=alpha,
+                   intra_bandwidth=bw, gpus_per_node=1)
+
+
+def _alone(messages, c, wire_dtype, k, alpha, link, cast_per_byte):
+    """Predicted seconds of one step's bucket allreduces in the allreduce-alone blocks."""
+    from ..simulate.model import WIRE_SCALE
+    scale = WIRE_SCALE[wire_dtype]
+    wire_bytes = scale * sum(c['sizes'])
+    net = _host_network(wire_dtype, k, alpha,
+                        block_link_seconds(wire_bytes, k, link, int(c['row'].get('steps', 1))),
+                        wire_bytes)
+    return sum(m.cost(net, k, scale, cast_per_byte, shared_link=True) for m in messages)
 
 
 def measured_inputs(row, path, cast_cpu):
     """What the simulator is fed for one k: the row, both modes' workloads (the
     slowest rank's, from the timelines at ``path`` and beside it), the bucket
-    plan, the update time, the CPU share and the casts' CPU seconds."""
+    plan, the update and loss-statistics times, the CPU shares (computing, and
+    in the serial steps) and the casts' CPU seconds."""
     from ..simulate.model import Layer, Workload
     from ..simulate.trace import SLOWEST, bucket_bytes, layers_from_trace, piece_seconds
     with open(path) as f:
@@ -336,7 +364,9 @@ def measured_inputs(row, path, cast_cpu):
                 serial=Workload([Layer('forward_backward', fb, wl.grad_bytes, wl.tensors)], 0.0),
                 sizes=bucket_bytes(over, source=path),
                 update=piece_seconds(over, 'update', source=path, rank=SLOWEST),
-                share=min(1.0, row['cpu_per_wall_compute']), cast=cast_cpu)
+                stats=piece_seconds(ser, 'stats', source=path, rank=SLOWEST),
+                share=min(1.0, row['cpu_per_wall_compute']),
+                serial_share=min(1.0, row['cpu_per_wall_serial']), cast=cast_cpu)
 
 
 def stats_steps(k):

@@ -180,16 +180,24 @@ class Message:
     count: int = 1
     layers: Tuple[str, ...] = ()
 
-    def cost(self, net, k, wire_scale=1.0, cast_s_per_byte=0.0):
+    def cost(self, net, k, wire_scale=1.0, cast_s_per_byte=0.0, shared_link=False):
         """Seconds the allreduces of this message occupy the comm stream.
 
         ``wire_scale``: bytes on the wire per float32 byte (0.5 for a 16-bit
         wire); ``cast_s_per_byte``: seconds per float32 byte of the wire
         casts (encode, float32 sum, decode), which run on the comm stream.
+        ``shared_link`` True: the latency terms are the ranks' CPU work and
+        the byte terms one link that all ranks' traffic queues on (a shaped
+        loopback); the queue drains while the ranks compute their steps, so
+        the message costs the larger of the two, not their sum.
         """
         # Unbucketed tensors are separate allreduces, each paying latency.
-        return (self.count * net.allreduce(wire_scale * self.nbytes / self.count, k)
-                + cast_s_per_byte * self.nbytes)
+        per = wire_scale * self.nbytes / self.count
+        cast = cast_s_per_byte * self.nbytes
+        if not shared_link:
+            return self.count * net.allreduce(per, k) + cast
+        latency = net.allreduce(0.0, k)
+        return max(self.count * latency + cast, self.count * (net.allreduce(per, k) - latency))
 
 
 def make_messages(workload, bucket_cap_bytes=None, buckets=None):
@@ -287,7 +295,7 @@ WIRE_SCALE = {'float32': 1.0, 'float16': 0.5, 'bfloat16': 0.5}
 
 def step_time(workload, net, k, overlap=True, bucket_cap_bytes=None, barrier=False,
               wire_dtype='float32', buckets=None, cast_s_per_byte=0.0, sync_s=0.0,
-              sync_queued=False):
+              sync_queued=False, shared_link=False):
     """Predict one step's time on ``k`` workers; returns a :class:`StepResult`.
 
     ``overlap`` True: allreduces start as their bucket becomes ready, on one
@@ -302,11 +310,14 @@ def step_time(workload, net, k, overlap=True, bucket_cap_bytes=None, barrier=Fal
     ``sync_queued`` True: in the overlapped mode they wait for the buckets
     already on the comm stream (MPI over one TCP stream per pair of ranks
     delivers their messages behind the buckets'), else they run beside them.
+    ``shared_link``: see :meth:`Message.cost` (one host's ranks on a shaped
+    loopback, as ``bench validate`` runs them).
     """
     k = net.check_workers(k)
     msgs = make_messages(workload, bucket_cap_bytes, buckets)
     bwd = workload.backward_s
-    costs = [m.cost(net, k, WIRE_SCALE[wire_dtype], cast_s_per_byte) for m in msgs]
+    costs = [m.cost(net, k, WIRE_SCALE[wire_dtype], cast_s_per_byte, shared_link)
+             for m in msgs]
     comm = sum(costs)
     sync = sync_s
     if overlap:
