@@ -77,6 +77,12 @@ def test_example_settings_file_parses():
     settings = [trials.build_setting(n, common, argv) for n, argv in named]
     kn = [s.workers * s.cfg.batch_per_worker for s in settings]
     assert kn[1:] == [8 * kn[0]] * 3
+    # the 16-bit wire comparison: Table 1's baseline and gradual settings, each wire
+    wire = [trials.build_setting(n, common, argv) for n, argv in trials.read_settings_file(
+        os.path.join(EXAMPLES, 'cpu', 'wire.settings'))]
+    assert [(s.cfg.batch_per_worker, s.cfg.warmup, s.cfg.wire_dtype) for s in wire] == [
+        (8, 'none', 'float32'), (8, 'none', 'float16'),
+        (64, 'gradual', 'float32'), (64, 'gradual', 'float16')]
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(EXAMPLES, '**', '*.sh'),
