@@ -14,6 +14,15 @@ thread per rank, three systems:
                               buckets (25 MB, first 1 MB); skipped with a
                               message when PyTorch is not installed
 
+With ``--wire-dtype float32,float16`` (a list) our two systems are
+measured per wire dtype in the same job, 16-bit ones named with a suffix
+(``theanompi_ext/ar-overlap-fp16``, ``theanompi_ext/ar-fp16``; ``-bf16``);
+their modes join the same rotation and share its compute step, and the
+serial step of a 16-bit system is the ``ar`` exchanger with that wire.
+``--ddp-fp16-hook`` adds DDP with ``fp16_compress_hook`` per bucket cap
+(``pytorch/ddp-gloo-fp16``, ``pytorch/ddp-gloo-0.1mb-fp16``; see
+:mod:`.ddp_worker`). Every row says its ``wire_dtype``.
+
 Both trainers exchange every gradient, batch-norm gamma/beta included
 (``exchange_bn=True``), so the two projects move the same bytes; BN running
 statistics stay per rank on both sides (DDP ``broadcast_buffers=False``).
@@ -35,7 +44,10 @@ serial exchanger; ``null`` when that cost is under 1% of the compute step or
 under twice its standard error, where the ratio is noise). Both are
 estimated from the modes' back-to-back steps (see :func:`make_row`). The
 definitions are the same for both projects; figures come with standard
-errors and the per-step times (``times_s``). ``docs/performance.md`` has
+errors and the per-step times (``times_s``, with ``allreduce``: the
+system's whole exchange alone). Our overlapped systems also get
+``bound_excess`` (:func:`bound_excess`) and 16-bit ones
+``wire_time_ratio`` (:func:`wire_ratio`); :func:`targets` judges them. ``docs/performance.md`` has
 the figures.
 
 Alternation: each (network, model) setting launches ``--launches`` pairs of
