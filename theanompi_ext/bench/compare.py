@@ -47,8 +47,8 @@ definitions are the same for both projects; figures come with standard
 errors and the per-step times (``times_s``, with ``allreduce``: the
 system's whole exchange alone). Our overlapped systems also get
 ``bound_excess`` (:func:`bound_excess`) and 16-bit ones
-``wire_time_ratio`` (:func:`wire_ratio`); :func:`targets` judges them. ``docs/performance.md`` has
-the figures.
+``wire_time_ratio`` (:func:`wire_ratio`); :func:`targets` judges them.
+``docs/performance.md`` has the figures.
 
 Alternation: each (network, model) setting launches ``--launches`` pairs of
 jobs, ours then DDP, then DDP then ours, ...; inside a job the modes run in
