@@ -93,11 +93,25 @@ def test_allreduce_sizes_and_bandwidth():
 
 # -------------------------------------------------------------------- compare
 
-def test_compare_quick_writes_json(tmp_path):
-    rows, res = run_bench_process(tmp_path, 'compare', '--quick', timeout=400)
+# One quick run serves the tests below: our float32 and float16 systems, DDP
+# with and without its fp16 hook (~12 s more than float32 and DDP alone).
+QUICK_COMPARE = ('compare', '--quick', '--wire-dtype', 'float32,float16', '--ddp-fp16-hook')
+
+
+@pytest.fixture(scope='module')
+def quick_compare(tmp_path_factory):
+    """(rows, finished process) of ``bench`` :data:`QUICK_COMPARE`."""
+    return run_bench_process(tmp_path_factory.mktemp('compare'), *QUICK_COMPARE, timeout=400)
+
+
+def test_compare_quick_writes_json(quick_compare):
+    rows, res = quick_compare
     stdout = res.stdout
     systems = [r['system'] for r in rows]
-    expected = list(compare.SYSTEMS if HAVE_TORCH else compare.SYSTEMS[:2])
+    ours = list(compare.SYSTEMS[:2])
+    expected = ours + [s + '-fp16' for s in ours]
+    if HAVE_TORCH:
+        expected += [compare.SYSTEMS[2], compare.SYSTEMS[2] + '-fp16']
     assert systems == expected
     for r in rows:
         for key in compare.JSON_KEYS:
@@ -106,8 +120,12 @@ def test_compare_quick_writes_json(tmp_path):
         assert r['compute_s'] > 0 and r['step_s'] > 0
         assert isinstance(r['comm_overhead'], float) and r['comm_overhead_err'] >= 0
         assert_hidden_fraction_from_times(r)
+        assert r['wire_dtype'] == ('float16' if r['system'].endswith('-fp16') else 'float32')
     # Both projects move the same gradient bytes (BN gamma/beta included).
     assert len({r['grad_bytes'] for r in rows}) == 1
+    # The compute step is shared by our wires: the same paired times.
+    assert rows[0]['times_s']['compute'] == rows[2]['times_s']['compute']
+    assert_new_targets_from_times(rows[:4])
     if HAVE_TORCH:
         assert 'targets vs pytorch/ddp-gloo' in stdout
         assert 'skipping PyTorch DDP' not in res.stderr
@@ -118,6 +136,44 @@ def test_compare_quick_writes_json(tmp_path):
             "'theanompi_ext[bench]', which pins torch==2.13.0); skipping PyTorch DDP" \
             in res.stderr, res.stderr
         assert 'pytorch/ddp' not in stdout
+    assert 'target float16 exchange time / float32: x' in stdout
+    assert 'target theanompi_ext/ar-overlap-fp16: step over max(compute, allreduce)' in stdout
+
+
+def assert_new_targets_from_times(ours):
+    """Our rows' wire time ratio and bound excess, recomputed from their times."""
+    ov32, _, ov16, ser16 = ours
+    a16, a32 = [np.max(np.asarray(r['times_s']['allreduce'], float), axis=0)
+                for r in (ov16, ov32)]
+    n = min(len(a16), len(a32))
+    ratio = compare.median_and_error(a16[:n] / a32[:n])
+    assert (ov16['wire_time_ratio'], ov16['wire_time_ratio_err']) == pytest.approx(ratio)
+    assert ser16['wire_time_ratio'] == ov16['wire_time_ratio']
+    assert 'wire_time_ratio' not in ov32 and 'bound_excess' not in ser16
+    for r in (ov32, ov16):
+        c, t, a = [np.max(np.asarray(r['times_s'][m], float), axis=0)
+                   for m in ('compute', 'step', 'allreduce')]
+        n = min(len(c), len(t), len(a))
+        assert r['bound_excess'] == pytest.approx(
+            float(np.median(t[:n] / np.maximum(c[:n], a[:n]))) - 1.0)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')
+def test_compare_quick_ddp_fp16_hook(quick_compare):
+    rows, res = quick_compare
+    by = {r['system']: r for r in rows}
+    hooked, plain = by['pytorch/ddp-gloo-fp16'], by['pytorch/ddp-gloo']
+    assert hooked['ddp_comm_hook'] == 'fp16' and plain['ddp_comm_hook'] == 'none'
+    assert plain['hook_check'] is None
+    # The job checked, before timing, that its DDP gradients came through the
+    # hook: float16 values, the ranks' mean within float16 rounding, and not
+    # the float32 mean itself.
+    check = hooked['hook_check']
+    assert check['float16_exact'] and check['within_bound']
+    assert check['changed_by_rounding'] > 0
+    assert check['max_abs_err'] <= check['max_bound']
+    assert_hidden_fraction_from_times(hooked)
+    assert 'targets of theanompi_ext/ar-overlap-fp16 vs pytorch/ddp-gloo-fp16' in res.stdout
 
 
 def assert_hidden_fraction_from_times(row):
@@ -255,3 +311,127 @@ def test_compare_without_torch_skips_ddp(tmp_path, monkeypatch, capsys):
     rows = json.loads(out.read_text())
     assert [r['system'] for r in rows] == list(compare.SYSTEMS[:2])
     assert rows[0]['hidden_fraction'] == pytest.approx(0.6)
+
+
+def test_wire_ratio_and_bound_excess_by_hand():
+    # per rank, per step: the job's step is the slower rank's
+    r32 = dict(times_s=dict(allreduce=[[2.0, 4.0, 1.0], [1.0, 3.0, 1.5]]))
+    r16 = dict(times_s=dict(allreduce=[[1.0, 1.0, 0.9], [0.5, 2.0, 0.1]]))
+    # slower ranks: float32 2, 4, 1.5; float16 1, 2, 0.9 -> ratios 0.5, 0.5, 0.6
+    ratio, err = compare.wire_ratio(r16, r32)
+    assert ratio == pytest.approx(0.5)
+    assert err == pytest.approx(0.0)                 # MAD of (0.5, 0.5, 0.6) is 0
+    # step 1.1 over max(1.0, 0.5); 2.0 over max(1.0, 1.6); 3.3 over max(3.0, 1.0)
+    row = dict(times_s=dict(compute=[[1.0, 1.0, 3.0]], step=[[1.1, 2.0, 3.3]],
+                            allreduce=[[0.5, 1.6, 1.0]]))
+    excess, err = compare.bound_excess(row)
+    assert excess == pytest.approx(0.1)              # median of 0.1, 0.25, 0.1
+    assert err == pytest.approx(0.0)
+    # unequal lengths: cut to the shortest, as the other paired figures are
+    row['times_s']['allreduce'] = [[0.5]]
+    assert compare.bound_excess(row)[0] == pytest.approx(0.1)
+
+
+def fp16_rows():
+    """summarize() over hand-made jobs: float32 and float16 wires, DDP with and
+    without its hook at a 0.1 MB cap."""
+    t = [[1.0, 1.0], [1.0, 1.0]]
+    ours = dict(compute=t, compute_chunked=t, serial=[[2.0, 2.0]] * 2,
+                overlap=[[1.4, 1.4]] * 2, allreduce=[[0.8, 0.8]] * 2,
+                grad_bytes=8, params=2, buckets=1, chunks=2, ranks=2)
+    ours.update({'serial-fp16': [[1.5, 1.5]] * 2, 'overlap-fp16': [[1.02, 1.02]] * 2,
+                 'allreduce-fp16': [[0.44, 0.44]] * 2})
+    ddp = dict(compute=t, serial=[[1.5, 1.5]] * 2, full=[[1.3, 1.3]] * 2,
+               allreduce=[[0.5, 0.5]] * 2, grad_bytes=8, params=2, torch='x')
+    spec = dict(batch=8, threads=1, wire_dtypes=['float32', 'float16'])
+    return compare.summarize('m', 'shm', spec, [ours],
+                             {(0.1, 'none'): [ddp], (0.1, 'fp16'): [dict(ddp, hook_check={})]})
+
+
+def test_fp16_systems_rows_and_targets():
+    rows = fp16_rows()
+    assert [r['system'] for r in rows] == [
+        'theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'theanompi_ext/ar-overlap-fp16',
+        'theanompi_ext/ar-fp16', 'pytorch/ddp-gloo-0.1mb', 'pytorch/ddp-gloo-0.1mb-fp16']
+    by = {r['system']: r for r in rows}
+    ov16 = by['theanompi_ext/ar-overlap-fp16']
+    # the 16-bit serial step is the fp16 'ar' step: cost 0.5, saved 0.48
+    assert ov16['hidden_fraction'] == pytest.approx(0.96)
+    assert ov16['wire_time_ratio'] == pytest.approx(0.55)      # 0.44 / 0.8
+    assert ov16['bound_excess'] == pytest.approx(0.02)         # 1.02 / max(1, 0.44) - 1
+    assert by['theanompi_ext/ar-overlap']['bound_excess'] == pytest.approx(0.4)
+    assert [by[s]['wire_dtype'] for s in ('pytorch/ddp-gloo-0.1mb',
+                                          'pytorch/ddp-gloo-0.1mb-fp16')] == ['float32', 'float16']
+    text = compare.targets(rows)
+    # float32 against the plain DDP only, the 16-bit system against the hook only
+    assert 'targets vs pytorch/ddp-gloo-0.1mb: overhead +40.0% vs +30.0%: NOT met' in text
+    assert 'targets vs pytorch/ddp-gloo-0.1mb-fp16' not in text
+    assert ('targets of theanompi_ext/ar-overlap-fp16 vs pytorch/ddp-gloo-0.1mb-fp16: '
+            'overhead +2.0% vs +30.0%: met; hidden fraction 0.96 +- 0.00 vs 0.40 +- 0.00: met'
+            in text)
+    assert 'theanompi_ext/ar-overlap-fp16 vs pytorch/ddp-gloo-0.1mb:' not in text
+    assert 'target float16 exchange time / float32: x0.550 +- 0.000 (x0.55 or less): met' in text
+    assert ('target theanompi_ext/ar-overlap: step over max(compute, allreduce) +40.0% +- 0.0% '
+            '(5% or less): NOT met' in text)
+    assert 'target theanompi_ext/ar-overlap-fp16: step over max(compute, allreduce) +2.0%' in text
+
+
+def test_fp16_hidden_fraction_met_only_above_the_combined_error():
+    rows = fp16_rows()
+    ours = next(r for r in rows if r['system'] == 'theanompi_ext/ar-overlap-fp16')
+    ddp = next(r for r in rows if r['system'] == 'pytorch/ddp-gloo-0.1mb-fp16')
+    ours.update(hidden_fraction=0.80, hidden_fraction_err=0.06)
+    ddp.update(hidden_fraction=0.75, hidden_fraction_err=0.08)   # combined error 0.10
+    line = compare._target(ours, ddp, strict=True)
+    assert line.endswith('hidden fraction 0.80 +- 0.06 vs 0.75 +- 0.08: '
+                         'NOT met (within noise, +-0.10)'), line
+    # the float32 rule (no smaller) calls the same figures met, within noise
+    assert compare._target(ours, ddp).endswith('met (within noise, +-0.10)')
+    ours['hidden_fraction'] = 0.86                               # 0.11 above: met
+    assert compare._target(ours, ddp, strict=True).endswith('0.75 +- 0.08: met')
+    # the exchange ratio's verdict: above 0.55 by less than its error
+    ours.update(wire_time_ratio=0.57, wire_time_ratio_err=0.03, wire_dtype='float16')
+    assert compare._ratio_target(ours).endswith('x0.570 +- 0.030 (x0.55 or less): '
+                                                'NOT met (within noise, +-0.030)')
+
+
+@pytest.mark.parametrize('bad', ['float8', 'float32,int8', 'float16,float16', ','])
+def test_compare_refuses_bad_wire_dtype(bad, capsys):
+    from theanompi_ext.cli import build_parser
+    args = build_parser().parse_args(['bench', 'compare', '--quick', '--wire-dtype', bad])
+    assert args.func(args) == compare.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert 'theanompi-ext bench compare: error: --wire-dtype' in err
+    name = {'float8': "'float8'", 'float32,int8': "'int8'"}.get(bad, repr(bad))
+    assert name in err and 'float32, float16, bfloat16' in err
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')
+def test_fp16_hook_check_fails_without_the_hook():
+    """check_fp16_hook on one gloo rank: passes with the hook, refuses float32 gradients."""
+    import torch
+    import torch.distributed as dist
+    from theanompi_ext.bench import ddp_worker
+    dist.init_process_group('gloo', rank=0, world_size=1,
+                            init_method='tcp://127.0.0.1:%d' % compare.free_port())
+    try:
+        checks = []
+        for hook in ('fp16', 'none'):
+            spec = dict(model_spec=compare.MODEL_SPECS['digits_cnn'], ddp_bucket_cap_mb=25,
+                        ddp_comm_hook=hook)
+            ddp = ddp_worker._ddp(ddp_worker.build_model(spec['model_spec']), spec)
+            params = [p for p in ddp.parameters() if p.requires_grad]
+            x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+
+            def fwd_bwd():
+                for p in params:
+                    p.grad = None
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            try:
+                checks.append(ddp_worker.check_fp16_hook(fwd_bwd, ddp, params, 1))
+            except RuntimeError as exc:
+                checks.append(str(exc))
+    finally:
+        dist.destroy_process_group()
+    assert checks[0]['float16_exact'] and checks[0]['changed_by_rounding'] > 0
+    assert 'fp16_compress_hook check failed' in checks[1] and "'float16_exact': False" in checks[1]

@@ -14,6 +14,15 @@ thread per rank, three systems:
                               buckets (25 MB, first 1 MB); skipped with a
                               message when PyTorch is not installed
 
+With ``--wire-dtype float32,float16`` (a list) our two systems are
+measured per wire dtype in the same job, 16-bit ones named with a suffix
+(``theanompi_ext/ar-overlap-fp16``, ``theanompi_ext/ar-fp16``; ``-bf16``);
+their modes join the same rotation and share its compute step, and the
+serial step of a 16-bit system is the ``ar`` exchanger with that wire.
+``--ddp-fp16-hook`` adds DDP with ``fp16_compress_hook`` per bucket cap
+(``pytorch/ddp-gloo-fp16``, ``pytorch/ddp-gloo-0.1mb-fp16``; see
+:mod:`.ddp_worker`). Every row says its ``wire_dtype``.
+
 Both trainers exchange every gradient, batch-norm gamma/beta included
 (``exchange_bn=True``), so the two projects move the same bytes; BN running
 statistics stay per rank on both sides (DDP ``broadcast_buffers=False``).
@@ -35,8 +44,11 @@ serial exchanger; ``null`` when that cost is under 1% of the compute step or
 under twice its standard error, where the ratio is noise). Both are
 estimated from the modes' back-to-back steps (see :func:`make_row`). The
 definitions are the same for both projects; figures come with standard
-errors and the per-step times (``times_s``). ``docs/performance.md`` has
-the figures.
+errors and the per-step times (``times_s``, with ``allreduce``: the
+system's whole exchange alone). Our overlapped systems also get
+``bound_excess`` (:func:`bound_excess`) and 16-bit ones
+``wire_time_ratio`` (:func:`wire_ratio`); :func:`targets` judges them.
+``docs/performance.md`` has the figures.
 
 Alternation: each (network, model) setting launches ``--launches`` pairs of
 jobs, ours then DDP, then DDP then ours, ...; inside a job the modes run in
@@ -60,9 +72,20 @@ from .common import add_common_options, rank_main
 from .timing import time_modes
 
 SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
-OURS_MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
+# Our modes without an exchange (shared by every wire), and those with one
+# (named mode + WIRE_SUFFIX[wire], one set per --wire-dtype).
+COMPUTE_MODES = ('compute', 'compute_chunked')
+EXCHANGE_MODES = ('serial', 'overlap', 'allreduce')
+OURS_MODES = COMPUTE_MODES + EXCHANGE_MODES
+WIRE_SUFFIX = {'float32': '', 'float16': '-fp16', 'bfloat16': '-bf16'}
+# DDP communication hooks measured by --ddp-fp16-hook: name -> the wire it sends.
+DDP_HOOK_WIRE = {'none': 'float32', 'fp16': 'float16'}
 JSON_KEYS = ('system', 'model', 'network', 'compute_s', 'step_s', 'comm_overhead',
-             'hidden_fraction')
+             'hidden_fraction', 'wire_dtype')
+# The issue's targets: our 16-bit exchange at most this fraction of float32's
+# time; our overlapped step at most this much over max(compute, communication).
+WIRE_RATIO_TARGET = 0.55
+BOUND_TARGET = 0.05
 # The architectures both sides build: ours with model.resnet.cifar_resnet
 # (the same call as the zoo's resnet20 / resnet20_wide) or the zoo's
 # digits_cnn, PyTorch with ddp_worker.build_model.
@@ -104,6 +127,13 @@ def register(sub):
                    help="DDP's bucket_cap_mb; a comma-separated list measures one DDP "
                         "system per value (default 25, DDP's own default; ours is %g, "
                         "first %g)" % (DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB))
+    p.add_argument('--wire-dtype', default='float32', metavar='LIST',
+                   help='comma-separated wire dtypes of our gradient buckets, from %s; one '
+                        'pair of our systems per value, 16-bit ones named with a suffix '
+                        '(-fp16, -bf16) (default %%(default)s)' % ', '.join(WIRE_SUFFIX))
+    p.add_argument('--ddp-fp16-hook', action='store_true',
+                   help="also measure DDP with its fp16_compress_hook (gradients sent as "
+                        "float16), one system per --ddp-bucket-cap-mb value, suffix -fp16")
     p.add_argument('--no-ddp', action='store_true',
                    help='measure only this project, not PyTorch DDP')
     p.add_argument('--quick', action='store_true',
@@ -171,6 +201,7 @@ def make_spec(args):
         caps = []
     if args.warmup < 0 or not caps or min(caps) <= 0:
         raise ValueError('--warmup must be >= 0 and --ddp-bucket-cap-mb a list of sizes > 0')
+    wires = parse_wire_dtypes(args.wire_dtype)
     quick = bool(args.quick)
     models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
         else [m for m in args.models.split(',') if m]
@@ -181,14 +212,30 @@ def make_spec(args):
                 threads=args.threads, steps=2 if quick else args.steps,
                 reps=2 if quick else args.reps, warmup=1 if quick else args.warmup,
                 launches=1 if quick else args.launches,
-                n_classes=10, ddp_bucket_caps_mb=caps)
+                n_classes=10, ddp_bucket_caps_mb=caps, wire_dtypes=wires,
+                ddp_hooks=['none', 'fp16'] if args.ddp_fp16_hook else ['none'])
+
+
+def parse_wire_dtypes(text):
+    """The list of ``--wire-dtype`` values (ValueError naming a bad or missing one)."""
+    wires = [w.strip() for w in str(text).split(',') if w.strip()]
+    for w in wires:
+        if w not in WIRE_SUFFIX:
+            raise ValueError('--wire-dtype: unknown wire dtype %r; choose from %s'
+                             % (w, ', '.join(WIRE_SUFFIX)))
+    if not wires or len(set(wires)) != len(wires):
+        raise ValueError('--wire-dtype must list wire dtypes from %s, each once, not %r'
+                         % (', '.join(WIRE_SUFFIX), text))
+    return wires
 
 
 def run_setting(spec, model, net, ranks, ddp, timeout):
     """All jobs of one (network, model) setting; returns its result rows."""
     from .allreduce import run_ranks
     spec = dict(spec, model=model, model_spec=MODEL_SPECS[model])
-    ours, theirs = [], {cap: [] for cap in spec['ddp_bucket_caps_mb']}
+    ours = []
+    theirs = {(cap, hook): [] for cap in spec['ddp_bucket_caps_mb']
+              for hook in spec.get('ddp_hooks', ['none'])}
     load_before = os.getloadavg()[0]
     # The same compute threads for both projects, whatever the caller's
     # environment says (Theano's BLAS reads these; PyTorch gets the count
@@ -203,11 +250,11 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
                 ours.append(run_ranks('theanompi_ext.bench.compare', spec, net, ranks,
                                       timeout, threads))
             elif ddp:
-                for cap in spec['ddp_bucket_caps_mb']:
-                    theirs[cap].append(run_ranks(
+                for cap, hook in sorted(theirs):
+                    theirs[cap, hook].append(run_ranks(
                         'theanompi_ext.bench.ddp_worker',
-                        dict(spec, port=free_port(), ddp_bucket_cap_mb=cap), net, ranks,
-                        timeout, threads))
+                        dict(spec, port=free_port(), ddp_bucket_cap_mb=cap,
+                             ddp_comm_hook=hook), net, ranks, timeout, threads))
     from .overlap import format_network
     rows = summarize(model, format_network(net), spec, ours, theirs)
     # The machine may be shared: say how busy it was around the measurement.
@@ -324,76 +371,168 @@ def _all(results, mode):
     return [sum((r[mode][k] for r in results), []) for k in range(len(results[0][mode]))]
 
 
-def ddp_system(cap_mb):
-    """The system name of DDP with ``bucket_cap_mb=cap_mb`` (25, its default: plain)."""
-    return SYSTEMS[2] if cap_mb == 25 else '%s-%gmb' % (SYSTEMS[2], cap_mb)
+def ours_modes(wires):
+    """Our timed modes for the wire dtypes ``wires``: the shared compute modes,
+    then :data:`EXCHANGE_MODES` suffixed per wire (float32: no suffix)."""
+    return COMPUTE_MODES + tuple(m + WIRE_SUFFIX[w] for w in wires for m in EXCHANGE_MODES)
+
+
+def ddp_system(cap_mb, hook='none'):
+    """The system name of DDP with ``bucket_cap_mb=cap_mb`` (25, its default: plain),
+    suffixed ``-fp16`` with the fp16 compression hook."""
+    name = SYSTEMS[2] if cap_mb == 25 else '%s-%gmb' % (SYSTEMS[2], cap_mb)
+    return name + ('-fp16' if hook == 'fp16' else '')
 
 
 def summarize(model, network, spec, ours, theirs):
     """Result rows of one setting from the jobs' per-step times.
 
-    ``ours`` is a list of our jobs' results, ``theirs`` maps a DDP bucket
-    cap to the list of DDP jobs' results with it.
+    ``ours`` is a list of our jobs' results, ``theirs`` maps ``(bucket cap,
+    hook)`` (or a bare cap: no hook) to the list of DDP jobs' results with it.
     """
-    rows = []
     common = dict(batch=spec['batch'], ranks=None, threads=spec['threads'])
-    if ours:
-        t = {m: _all(ours, m) for m in OURS_MODES}
-        extra = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
-                     params=ours[0]['params'], allreduce_s=_median(t['allreduce']),
-                     compute_chunked_s=_median(t['compute_chunked']),
-                     steps_measured=len(t['overlap'][0]), buckets=ours[0]['buckets'],
-                     chunks=ours[0]['chunks'])
-        rows.append(make_row(SYSTEMS[0], model, network, t['compute'], t['overlap'],
-                             t['serial'], **extra))
-        rows.append(make_row(SYSTEMS[1], model, network, t['compute'], t['serial'],
-                             t['serial'], **extra))
-    for cap, jobs in sorted(theirs.items()):
+    rows = _our_rows(model, network, spec, ours, common) if ours else []
+    keyed = [(k if isinstance(k, tuple) else (k, 'none'), jobs) for k, jobs in theirs.items()]
+    for (cap, hook), jobs in sorted(keyed, key=lambda kj: (kj[0][0], kj[0][1] != 'none')):
         if not jobs:
             continue
         t = {m: _all(jobs, m) for m in ('compute', 'serial', 'full', 'allreduce')}
-        rows.append(make_row(
-            ddp_system(cap), model, network, t['compute'], t['full'], t['serial'],
+        row = make_row(
+            ddp_system(cap, hook), model, network, t['compute'], t['full'], t['serial'],
             **dict(common, ranks=len(t['full']), grad_bytes=jobs[0]['grad_bytes'],
                    params=jobs[0]['params'], allreduce_s=_median(t['allreduce']),
                    steps_measured=len(t['full'][0]), torch=jobs[0]['torch'],
-                   ddp_bucket_cap_mb=cap)))
+                   ddp_bucket_cap_mb=cap, ddp_comm_hook=hook, wire_dtype=DDP_HOOK_WIRE[hook],
+                   hook_check=jobs[0].get('hook_check')))
+        row['times_s']['allreduce'] = t['allreduce']
+        rows.append(row)
     return rows
 
 
-def targets(rows):
-    """The two targets against each DDP system of one setting, as text lines
-    (None without DDP).
+def _our_rows(model, network, spec, ours, common):
+    """Our two systems per wire dtype, all paired against the shared compute step;
+    overlapped ones carry :func:`bound_excess`, 16-bit ones :func:`wire_ratio`."""
+    wires = spec.get('wire_dtypes', ['float32'])
+    t = {m: _all(ours, m) for m in ours_modes(wires)}
+    base = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
+                params=ours[0]['params'], compute_chunked_s=_median(t['compute_chunked']),
+                buckets=ours[0]['buckets'], chunks=ours[0]['chunks'])
+    rows, by_wire = [], {}
+    for wire in wires:
+        sfx = WIRE_SUFFIX[wire]
+        extra = dict(base, wire_dtype=wire, allreduce_s=_median(t['allreduce' + sfx]),
+                     steps_measured=len(t['overlap' + sfx][0]))
+        for system, mode in ((SYSTEMS[0], 'overlap'), (SYSTEMS[1], 'serial')):
+            row = make_row(system + sfx, model, network, t['compute'], t[mode + sfx],
+                           t['serial' + sfx], **extra)
+            row['times_s']['allreduce'] = t['allreduce' + sfx]
+            rows.append(row)
+        overlapped = rows[-2]
+        overlapped['bound_excess'], overlapped['bound_excess_err'] = bound_excess(overlapped)
+        by_wire[wire] = overlapped
+    for wire, row in by_wire.items():
+        if wire != 'float32' and 'float32' in by_wire:
+            ratio = wire_ratio(row, by_wire['float32'])
+            for r in rows:
+                if r.get('wire_dtype') == wire:
+                    r['wire_time_ratio'], r['wire_time_ratio_err'] = ratio
+    return rows
 
-    Ours (overlapped) must have a communication overhead no larger than
-    DDP's and a hidden fraction no smaller. A difference smaller than the
-    two figures' combined standard error is called "within noise".
+
+def _paired(row, modes):
+    """The per-step times (slower rank) of ``modes`` of ``row``, cut to a common length."""
+    v = [job_steps(row['times_s'][m]) for m in modes]
+    n = min(len(x) for x in v)
+    return [x[:n] for x in v]
+
+
+def wire_ratio(row16, row32):
+    """(median, error) of the exchange time ratio 16-bit / float32, repetition by
+    repetition: median_k(allreduce16_k / allreduce32_k) of the two rows'
+    ``times_s['allreduce']`` (both from the same jobs, entry k of the same
+    repetition, so a drift of the load cancels)."""
+    a = job_steps(row16['times_s']['allreduce'])
+    b = job_steps(row32['times_s']['allreduce'])
+    n = min(len(a), len(b))
+    return median_and_error(a[:n] / b[:n])
+
+
+def bound_excess(row):
+    """(median, error) of how far a step is above max(compute, communication):
+    median_k(step_k / max(compute_k, allreduce_k)) - 1, the three times of
+    repetition k paired as for the overhead; the communication time is the
+    system's own allreduce of the whole gradient alone."""
+    c, t, a = _paired(row, ('compute', 'step', 'allreduce'))
+    return median_and_error(t / np.maximum(c, a) - 1.0)
+
+
+def targets(rows):
+    """The targets of one setting, as text lines (None when there is nothing to judge).
+
+    Against each DDP system of the same wire (ours float32 against DDP without
+    a hook, our 16-bit systems against DDP with its fp16 hook): a communication
+    overhead no larger than DDP's and a hidden fraction no smaller; for a
+    16-bit system the hidden fraction must be above DDP's by more than the
+    combined standard error. Then per 16-bit wire the exchange time ratio
+    (:func:`wire_ratio`, target :data:`WIRE_RATIO_TARGET` or less) and per
+    overlapped system the step's excess over max(compute, communication)
+    (:func:`bound_excess`, target :data:`BOUND_TARGET` or less). A difference
+    smaller than the combined standard error is called "within noise".
     """
-    ours = [r for r in rows if r['system'] == SYSTEMS[0]]
-    lines = [_target(ours[0], r) for r in rows
-             if ours and r['system'].startswith(SYSTEMS[2])]
+    ours = [r for r in rows if r['system'] in
+            [SYSTEMS[0] + WIRE_SUFFIX[w] for w in WIRE_SUFFIX]]
+    lines = []
+    for o in ours:
+        wire = o.get('wire_dtype', 'float32')
+        lines += [_target(o, r, strict=wire != 'float32') for r in rows
+                  if r['system'].startswith(SYSTEMS[2])
+                  and (r.get('wire_dtype', 'float32') == 'float32') == (wire == 'float32')]
+    lines += [_ratio_target(o) for o in ours if 'wire_time_ratio' in o]
+    lines += [_bound_target(o) for o in ours if 'bound_excess' in o]
     return '\n'.join(lines) or None
 
 
-def _target(ours, ddp):
+def _verdict(ok, diff, err, shown):
+    """'met' or 'NOT met', with ' (within noise, +-SHOWN)' when |diff| < err
+    (``shown``: the error as printed)."""
+    text = 'met' if ok else 'NOT met'
+    return text + (' (within noise, +-%s)' % shown if abs(diff) < err else '')
+
+
+def _ratio_target(row):
+    r, e = row['wire_time_ratio'], row['wire_time_ratio_err']
+    return 'target %s exchange time / float32: x%.3f +- %.3f (x%.2f or less): %s' % (
+        row['wire_dtype'], r, e, WIRE_RATIO_TARGET,
+        _verdict(r <= WIRE_RATIO_TARGET, r - WIRE_RATIO_TARGET, e, '%.3f' % e))
+
+
+def _bound_target(row):
+    b, e = row['bound_excess'], row['bound_excess_err']
+    return ('target %s: step over max(compute, allreduce) %+.1f%% +- %.1f%% (%.0f%% or '
+            'less): %s' % (row['system'], 100 * b, 100 * e, 100 * BOUND_TARGET,
+                           _verdict(b <= BOUND_TARGET, b - BOUND_TARGET, e,
+                                    '%.1f%%' % (100 * e))))
+
+
+def _target(ours, ddp, strict=False):
+    """Overhead and hidden fraction of ``ours`` against ``ddp``; ``strict``: the
+    hidden fraction is met only when above DDP's by more than the combined error."""
     d = ddp['comm_overhead'] - ours['comm_overhead']
     err = float(np.hypot(ours['comm_overhead_err'], ddp['comm_overhead_err']))
-    oh = 'met' if d >= 0 else 'NOT met'
-    if abs(d) < err:
-        oh += ' (within noise, +-%.1f%%)' % (100 * err)
+    oh = _verdict(d >= 0, d, err, '%.1f%%' % (100 * err))
     a, b = ours['hidden_fraction'], ddp['hidden_fraction']
     if a is None or b is None:
         hf = 'n/a (an exchange cost within noise)'
     else:
-        hf = 'met' if a >= b else 'NOT met'
         herr = float(np.hypot(ours.get('hidden_fraction_err') or 0.0,
                               ddp.get('hidden_fraction_err') or 0.0))
-        if abs(a - b) < herr:
-            hf += ' (within noise, +-%.2f)' % herr
-    return ('targets vs %s: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s' % (
-        ddp['system'], 100 * ours['comm_overhead'], 100 * ddp['comm_overhead'], oh,
-        _fmt_frac(a, ours.get('hidden_fraction_err')),
-        _fmt_frac(b, ddp.get('hidden_fraction_err')), hf))
+        hf = _verdict(a - b > herr if strict else a >= b, a - b, herr, '%.2f' % herr)
+    # float32 keeps its line as before; a 16-bit system says which it is
+    who = '' if ours['system'] == SYSTEMS[0] else ' of %s' % ours['system']
+    return ('targets%s vs %s: overhead %+.1f%% vs %+.1f%%: %s; hidden fraction %s vs %s: %s'
+            % (who, ddp['system'], 100 * ours['comm_overhead'],
+               100 * ddp['comm_overhead'], oh, _fmt_frac(a, ours.get('hidden_fraction_err')),
+               _fmt_frac(b, ddp.get('hidden_fraction_err')), hf))
 
 
 def _fmt_frac(v, err=None):
@@ -410,11 +549,11 @@ def format_table(rows):
     lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients'
              % (r0['model'], r0['network'], r0.get('ranks'), r0.get('batch'), r0.get('threads'),
                 r0.get('grad_bytes', 0) / 1e6),
-             '%-26s %10s %10s %10s %10s %15s %13s' % ('system', 'compute ms', 'step ms',
+             '%-30s %10s %10s %10s %10s %15s %13s' % ('system', 'compute ms', 'step ms',
                                                      'serial ms', 'allred ms', 'overhead',
                                                      'hidden')]
     for r in rows:
-        lines.append('%-26s %10.1f %10.1f %10.1f %10.1f %7.1f%% +-%4.1f %13s' % (
+        lines.append('%-30s %10.1f %10.1f %10.1f %10.1f %7.1f%% +-%4.1f %13s' % (
             r['system'], 1e3 * r['compute_s'], 1e3 * r['step_s'], 1e3 * r['serial_s'],
             1e3 * r.get('allreduce_s', float('nan')), 100 * r['comm_overhead'],
             100 * r.get('comm_overhead_err', float('nan')),
@@ -431,51 +570,61 @@ def measure_ours(spec):
     """Time this project's modes on this rank (collective over COMM_WORLD).
 
     Returns, on every rank, ``{mode: [[per-step seconds] of each rank]}``
-    for :data:`OURS_MODES`, plus sizes.
+    for :func:`ours_modes` of ``spec['wire_dtypes']``, plus sizes. The
+    compute modes run on the first wire's trainers (they exchange nothing).
     """
     from ..collective.mpi import MPICommunicator
     from ..collective.watchdog import watch
+    from .overlap import synthetic_dataset, compute_step
+    # As users run it: the trainers' step watchdog included (one shared).
+    comm = watch(MPICommunicator())
+    n, k = spec['batch'], comm.size
+    wires = spec.get('wire_dtypes', ['float32'])
+    data = synthetic_dataset(tuple(spec['model_spec']['input_shape']), 4 * n * k,
+                             spec['n_classes'])
+    trainers = {(s, w): _our_trainer(comm, spec, data, s, w)
+                for w in wires for s in ('ar', 'ar-overlap')}
+    x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
+    lr = np.float32(0.001)
+    first = trainers['ar', wires[0]]
+    zeros = np.zeros_like(first.grads)
+    run = {'compute': lambda: compute_step(first, x, y, lr),
+           'compute_chunked': lambda: compute_step(trainers['ar-overlap', wires[0]], x, y, lr)}
+    for w in wires:
+        serial, overlap = trainers['ar', w], trainers['ar-overlap', w]
+        sfx = WIRE_SUFFIX[w]
+        run['serial' + sfx] = lambda t=serial: t.step(x, y)
+        run['overlap' + sfx] = lambda t=overlap: t.step(x, y)
+        run['allreduce' + sfx] = lambda t=serial: t.exchanger.reduce(zeros)
+    modes = ours_modes(wires)
+    local = time_modes(run, modes, spec['steps'], spec['reps'], comm.barrier,
+                       warmup=spec['warmup'])
+    everyone = [json.loads(e) for e in comm.allgather(json.dumps(local))]
+    out = {mode: [[float(v) for v in r[mode]] for r in everyone] for mode in modes}
+    out.update(grad_bytes=4 * int(first.n_exch), params=int(first.layout.total),
+               buckets=len(first.buckets),
+               chunks=trainers['ar-overlap', wires[0]].backward.n_chunks, ranks=k)
+    comm.barrier()
+    comm.close()
+    return out
+
+
+def _our_trainer(comm, spec, data, strategy, wire):
+    """A trainer of ``spec``'s model with ``exch_strategy=strategy`` and ``wire_dtype=wire``."""
     from ..model import build_model
     from ..model.resnet import cifar_resnet
     from ..train.config import TrainConfig
     from ..train.trainer import Trainer
-    from .overlap import synthetic_dataset, compute_step
-    # As users run it: the trainers' step watchdog included (one shared).
-    comm = watch(MPICommunicator())
-    m, n, k = spec['model_spec'], spec['batch'], comm.size
-    shape = tuple(m['input_shape'])
-    data = synthetic_dataset(shape, 4 * n * k, spec['n_classes'])
-    trainers = {}
-    for strategy in ('ar', 'ar-overlap'):
-        if m['kind'] == 'cifar_resnet':
-            net = cifar_resnet(shape, spec['n_classes'], depth=m['depth'], width=m['width'],
-                               seed=0, name=spec['model'])
-        else:
-            net = build_model(m['kind'], shape, spec['n_classes'], seed=0, width=m['width'])
-        cfg = TrainConfig(model=spec['model'], batch_per_worker=n, epochs=1, warmup='none',
-                          base_lr=0.01, quiet=True, checkpoint=False, exchange_bn=True,
-                          exch_strategy=strategy)
-        trainers[strategy] = Trainer(net, data, cfg, comm, log=lambda *a, **kw: None)
-    serial, overlap = trainers['ar'], trainers['ar-overlap']
-    x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
-    lr = np.float32(0.001)
-    zeros = np.zeros_like(serial.grads)
-    run = {
-        'compute': lambda: compute_step(serial, x, y, lr),
-        'compute_chunked': lambda: compute_step(overlap, x, y, lr),
-        'serial': lambda: serial.step(x, y),
-        'overlap': lambda: overlap.step(x, y),
-        'allreduce': lambda: serial.exchanger.reduce(zeros),
-    }
-    local = time_modes(run, OURS_MODES, spec['steps'], spec['reps'], comm.barrier,
-                       warmup=spec['warmup'])
-    everyone = [json.loads(e) for e in comm.allgather(json.dumps(local))]
-    out = {mode: [[float(v) for v in r[mode]] for r in everyone] for mode in OURS_MODES}
-    out.update(grad_bytes=4 * int(serial.n_exch), params=int(serial.layout.total),
-               buckets=len(serial.buckets), chunks=overlap.backward.n_chunks, ranks=k)
-    comm.barrier()
-    comm.close()
-    return out
+    m, shape = spec['model_spec'], tuple(spec['model_spec']['input_shape'])
+    if m['kind'] == 'cifar_resnet':
+        net = cifar_resnet(shape, spec['n_classes'], depth=m['depth'], width=m['width'],
+                           seed=0, name=spec['model'])
+    else:
+        net = build_model(m['kind'], shape, spec['n_classes'], seed=0, width=m['width'])
+    cfg = TrainConfig(model=spec['model'], batch_per_worker=spec['batch'], epochs=1,
+                      warmup='none', base_lr=0.01, quiet=True, checkpoint=False,
+                      exchange_bn=True, exch_strategy=strategy, wire_dtype=wire)
+    return Trainer(net, data, cfg, comm, log=lambda *a, **kw: None)
 
 
 def worker_main(spec_path):

@@ -27,6 +27,14 @@ Modes timed (see :func:`.timing.time_modes` for the protocol):
 ``full``       an ordinary DDP step: bucket allreduces started by autograd
                hooks during the backward pass
 ``allreduce``  the flat ``all_reduce`` of the gradient bytes alone
+
+With ``spec['ddp_comm_hook'] == 'fp16'`` DDP gets PyTorch's
+``fp16_compress_hook`` (``register_comm_hook``): each bucket is cast to
+float16 and divided by the world size, summed by gloo (in float16), and
+cast back. ``serial`` and ``allreduce`` then do the same with the flat
+gradient (a float16 copy, divided, ``all_reduce``, copied back), so the
+serial step moves the same bytes the same way. Before the timed steps such
+a job checks that the hook really runs (:func:`check_fp16_hook`).
 """
 import json
 import os
@@ -150,7 +158,7 @@ def measure(spec):
     rank, size = _rank_and_size()
     _start_gloo(spec, rank, size)
     try:
-        run, net, n_grads = _ddp_modes(spec, rank, size)
+        run, net, n_grads, hook_check = _ddp_modes(spec, rank, size)
         local = time_modes(run, MODES, spec['steps'], spec['reps'], dist.barrier,
                            warmup=spec['warmup'])
         out = {}
@@ -162,6 +170,7 @@ def measure(spec):
         out['grad_bytes'] = 4 * n_grads
         out['params'] = count_params(net)
         out['torch'] = torch.__version__
+        out['hook_check'] = hook_check
         return out
     finally:
         dist.destroy_process_group()
@@ -195,12 +204,21 @@ def _ddp(net, spec):
     no_buffer_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
                       inspect.signature(DistributedDataParallel.__init__).parameters
                       else {'broadcast_buffers': False})
-    return DistributedDataParallel(net, bucket_cap_mb=spec['ddp_bucket_cap_mb'],
-                                   **no_buffer_sync)
+    ddp = DistributedDataParallel(net, bucket_cap_mb=spec['ddp_bucket_cap_mb'],
+                                  **no_buffer_sync)
+    hook = spec.get('ddp_comm_hook', 'none')
+    if hook == 'fp16':
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import \
+            fp16_compress_hook
+        ddp.register_comm_hook(state=None, hook=fp16_compress_hook)
+    elif hook != 'none':
+        raise ValueError("unknown DDP comm hook %r; choose 'none' or 'fp16'" % (hook,))
+    return ddp
 
 
 def _ddp_modes(spec, rank, size):
-    """``({mode: one step of it}, the model, number of gradient entries)``."""
+    """``({mode: one step of it}, the model, number of gradient entries, the
+    hook check's figures or None)``."""
     import torch
     import torch.distributed as dist
     shape = tuple(spec['model_spec']['input_shape'])
@@ -213,7 +231,9 @@ def _ddp_modes(spec, rank, size):
     y = torch.randint(0, spec['n_classes'], (spec['batch'],), generator=g)
     params = [p for p in ddp.parameters() if p.requires_grad]
     flat = torch.zeros(sum(p.numel() for p in params))
-    zeros = torch.zeros_like(flat)
+    fp16 = spec.get('ddp_comm_hook', 'none') == 'fp16'
+    # What the flat all_reduce sends: DDP's bucket dtype, float16 with the hook.
+    zeros = torch.zeros(flat.numel(), dtype=torch.float16 if fp16 else torch.float32)
 
     def fwd_bwd():
         opt.zero_grad(set_to_none=False)
@@ -229,8 +249,7 @@ def _ddp_modes(spec, rank, size):
             fwd_bwd()
         # The same bytes as DDP's buckets, summed only after backward.
         torch.cat([p.grad.reshape(-1) for p in params], out=flat)
-        dist.all_reduce(flat)
-        flat.div_(size)
+        flat_average(flat, size, fp16)
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
@@ -241,9 +260,63 @@ def _ddp_modes(spec, rank, size):
         fwd_bwd()
         opt.step()
 
+    check = check_fp16_hook(fwd_bwd, ddp, params, size) if fp16 else None
     run = {'compute': compute, 'serial': serial, 'full': full,
            'allreduce': lambda: dist.all_reduce(zeros)}
-    return run, net, int(flat.numel())
+    return run, net, int(flat.numel()), check
+
+
+def flat_average(flat, size, fp16):
+    """``flat`` (float32) replaced in place by its mean over the ranks.
+
+    ``fp16``: as ``fp16_compress_hook`` does it, cast to float16, divided by
+    the world size, summed by ``all_reduce`` in float16, cast back.
+    """
+    import torch
+    import torch.distributed as dist
+    if fp16:
+        half = flat.to(torch.float16).div_(size)
+        dist.all_reduce(half)
+        flat.copy_(half)
+    else:
+        dist.all_reduce(flat)
+        flat.div_(size)
+
+
+def check_fp16_hook(fwd_bwd, ddp, params, size):
+    """Check that DDP's gradients come from the fp16 hook; returns its figures.
+
+    One backward inside ``no_sync()`` gives each rank's own gradient; then an
+    ordinary DDP backward on the same weights and batch. Its gradient must
+    be exactly float16-representable (the hook casts back from float16) and
+    equal the float64 mean of the ranks' gradients within float16 rounding:
+    each rank's cast, the division and every partial sum round once, at most
+    2**-11 of the magnitudes summed each time, plus float16's subnormal
+    step per rounding. RuntimeError when either fails.
+    """
+    import torch
+    import torch.distributed as dist
+
+    def flat_grad():
+        return torch.cat([p.grad.reshape(-1) for p in params]).clone()
+    with ddp.no_sync():
+        fwd_bwd()
+    mine = flat_grad().double()
+    fwd_bwd()
+    got = flat_grad().double()
+    every = [torch.zeros_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine)
+    mean = sum(every) / size
+    mag = sum(e.abs() for e in every) / size
+    bound = (size + 2) * 2.0 ** -11 * mag + (size + 2) * 2.0 ** -24
+    err = (got - mean).abs()
+    exact = bool(torch.equal(got.to(torch.float16).double(), got))
+    res = dict(max_abs_err=float(err.max()), max_bound=float(bound.max()),
+               within_bound=bool((err <= bound).all()), float16_exact=exact,
+               changed_by_rounding=int((got != mean).sum()))
+    if not (exact and res['within_bound']):
+        raise RuntimeError('DDP fp16_compress_hook check failed: %r' % (res,))
+    return res
 
 
 def main(argv=None):
@@ -265,5 +338,18 @@ def main(argv=None):
     return EXIT_OK
 
 
+def exit_now(status):
+    """End the process with ``status`` without running interpreter teardown.
+
+    torch 2.13 sometimes aborts ("terminate called without an active
+    exception") while destroying its C++ objects at exit after a gloo job,
+    with the fp16 hook more often (its callbacks run on gloo's threads): the
+    results are written by then, but mpiexec would report the job failed.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == '__main__':
-    sys.exit(main())
+    exit_now(main())
