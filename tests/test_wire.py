@@ -106,6 +106,7 @@ def test_wire_sums_on_real_ranks(mpirun, k):
                                                      'op/bfloat16', 'op/float16']
     assert all(0 < v <= 1 for v in out['worst_error_over_bound'].values())
     assert out['overflow'] == ['float16', 'bfloat16', 'blocking']
+    assert out['threads'] is True      # the casts stay off the communication thread
 
 
 class _Float32Only(Communicator):

@@ -101,6 +101,40 @@ def check_overflow(comm, k):
     return seen
 
 
+def check_threads(comm):
+    """Which thread does what on the started path: the casts to and from 16 bits
+    and the overflow counts on the thread that starts and waits, only the
+    collectives and the float32 sum between them on the communication thread."""
+    import threading
+    import theanompi_ext.collective.mpi_wire as mw
+    calls, saved = [], {}
+    for fn in ('encode', 'decode', 'nonfinite_count', 'sum_encoded'):
+        saved[fn] = getattr(mw, fn)
+
+        def record(*a, _fn=fn, **kw):
+            calls.append((_fn, threading.current_thread().name))
+            return saved[_fn](*a, **kw)
+        setattr(mw, fn, record)
+    try:
+        comm.wire_method = 'asa'
+        buf = np.full(1000, comm.rank + 1.0, np.float32)
+        handle = comm.start_allreduce(buf, name='t', wire='float16')
+        while not handle.done():          # let the communication thread run it
+            time.sleep(1e-3)
+        assert not handle.ran_inline
+        mid = list(calls)
+        handle.wait()
+        assert np.all(buf == comm.size * (comm.size + 1) / 2.0), buf
+    finally:
+        for fn, f in saved.items():
+            setattr(mw, fn, f)
+    main = threading.main_thread().name
+    assert mid == [('encode', main), ('nonfinite_count', main),
+                   ('sum_encoded', 'allreduce'), ('encode', 'allreduce')], mid
+    assert calls[len(mid):] == [('nonfinite_count', main), ('decode', main)], calls
+    return True
+
+
 def measure(comm, reps=30):
     n = 2 ** 18                      # 1 MB of float32
     buf = np.ones(n, np.float32)
@@ -126,7 +160,7 @@ def main():
         res = {'k': k, 'ms_per_1MB_bucket': measure(comm)}
     else:
         res = {'k': k, 'worst_error_over_bound': check_sums(comm, k),
-               'overflow': check_overflow(comm, k)}
+               'overflow': check_overflow(comm, k), 'threads': check_threads(comm)}
     comm.close()
     if comm.rank == 0:
         print(json.dumps(res))

@@ -31,8 +31,9 @@ import numpy as np
 
 from .base import (Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer,
                    check_op, check_timeout, check_wire, wait_test)
-from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, wire_allreduce, free_ops
+from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, WireTransfer, wire_allreduce, free_ops
 from .wire import WIRE_DTYPES
+from ..errors import WireOverflow
 
 
 # Scheduling of the communication thread. Measured (docs/overlap.md): on
@@ -130,6 +131,10 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         if self.progress == 'thread':
             handle = _StartedHandle(buf, name, self)
             handle.wire = wire
+            if wire != 'float32':
+                # cast now, on the starting thread, which holds the GIL between
+                # backward chunks anyway (see mpi_wire.WireTransfer)
+                handle.transfer = WireTransfer(buf, wire, name)
             self._ensure_thread()
             with self._cond:
                 self._todo.append(handle)
@@ -177,8 +182,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         error = None
         try:
             if handle.wire != 'float32':
-                wire_allreduce(self._bg_comm, handle.buf, handle.wire, self.wire_method,
-                               handle.name, self._wire_ops)
+                handle.transfer.exchange(self._bg_comm, self.wire_method, self._wire_ops)
             elif self.thread_poll_us > 0:
                 req = self._bg_comm.Iallreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
                 wait_sleeping(req, self.thread_poll_us * 1e-6)
@@ -260,12 +264,23 @@ class _StartedHandle(Handle):
         Handle.__init__(self, buf, name)
         self.ran_inline = False   # True: the waiting thread ran the transfer
         self.wire = 'float32'     # dtype on the wire (set by start_allreduce)
+        self.transfer = None      # a 16-bit wire's WireTransfer (start_allreduce)
         self._comm = comm
 
     def wait(self, timeout=None):
+        """:meth:`Handle.wait`; a 16-bit wire's sum is cast back (and checked for
+        overflow, :class:`~theanompi_ext.errors.WireOverflow`) here, on the
+        waiting thread."""
         if timeout is None and not self.done():
             self._comm._run_inline(self)
-        return Handle.wait(self, timeout)
+        buf = Handle.wait(self, timeout)
+        if self.transfer is not None:
+            try:
+                self.transfer.finish()
+            except WireOverflow as exc:
+                self.error = exc      # a second wait raises it again
+                raise RuntimeError('allreduce %r failed: %s' % (self.name, exc)) from None
+        return buf
 
 
 class _RequestHandle(Handle):

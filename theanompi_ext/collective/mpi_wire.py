@@ -45,24 +45,58 @@ def wire_allreduce(comm, buf, wire, method=DEFAULT_WIRE_METHOD, name=None, ops=N
     all) when the exchanged sum holds inf or nan. ``ops``: a dict caching
     the ``op`` method's reductions (freed by :func:`free_ops`).
     """
-    check_wire_dtype(wire)
     if method not in WIRE_METHODS:
         raise ValueError('unknown wire method %r; choose from %s'
                          % (method, ', '.join(WIRE_METHODS)))
-    w = encode(buf, wire)
-    bad_local = nonfinite_count(w, wire)
-    largest = float(np.max(np.abs(buf))) if bad_local and buf.size else 0.0
-    if method == 'asa':
-        _alltoall_sum_allgather(comm, buf, w, wire)
-    else:
-        MPI = _MPI()
-        op = _op(ops if ops is not None else {}, wire)
-        comm.Allreduce(MPI.IN_PLACE, [w, MPI.UINT16_T], op=op)
-    bad = nonfinite_count(w, wire)
-    decode(w, wire, buf)
-    if bad:
-        raise WireOverflow(describe_overflow(name, wire, bad, bad_local, largest))
-    return buf
+    transfer = WireTransfer(buf, wire, name)
+    transfer.exchange(comm, method, ops)
+    return transfer.finish()
+
+
+class WireTransfer(object):
+    """One bucket's 16-bit exchange in three parts, for three threads.
+
+    The overlapped exchanger runs them where the GIL costs least: the
+    constructor (cast to 16 bits, count this rank's non-finite values) on
+    the thread that starts the bucket, between backward chunks, where it
+    holds the GIL anyway; :meth:`exchange` (the collectives, and the
+    ``asa`` float32 sum between them) on the communication thread, whose
+    every return to Python waits for a compiled chunk to give the GIL up;
+    :meth:`finish` (the overflow check, the cast back) on the waiting
+    thread. Run in a row they are :func:`wire_allreduce`.
+    """
+
+    def __init__(self, buf, wire, name=None):
+        check_wire_dtype(wire)
+        self.buf, self.wire, self.name = buf, wire, name
+        self.w = encode(buf, wire)
+        self.bad_local = nonfinite_count(self.w, wire)
+        self.largest = float(np.max(np.abs(buf))) if self.bad_local and buf.size else 0.0
+        self.finished = False
+
+    def exchange(self, comm, method=DEFAULT_WIRE_METHOD, ops=None):
+        """The collectives: afterwards ``self.w`` holds the 16-bit sum."""
+        if method == 'asa':
+            _alltoall_sum_allgather(comm, self.buf, self.w, self.wire)
+        elif method == 'op':
+            MPI = _MPI()
+            op = _op(ops if ops is not None else {}, self.wire)
+            comm.Allreduce(MPI.IN_PLACE, [self.w, MPI.UINT16_T], op=op)
+        else:
+            raise ValueError('unknown wire method %r; choose from %s'
+                             % (method, ', '.join(WIRE_METHODS)))
+
+    def finish(self):
+        """Cast the sum back into the bucket (once); :class:`WireOverflow` if it
+        holds inf or nan. Returns the bucket."""
+        if not self.finished:
+            self.finished = True
+            bad = nonfinite_count(self.w, self.wire)
+            decode(self.w, self.wire, self.buf)
+            if bad:
+                raise WireOverflow(describe_overflow(self.name, self.wire, bad,
+                                                     self.bad_local, self.largest))
+        return self.buf
 
 
 def _alltoall_sum_allgather(comm, buf, w, wire):
