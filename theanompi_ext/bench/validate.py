@@ -17,10 +17,11 @@ what was measured at that k:
 * the 16-bit wire's casts, timed in this process (CPU seconds).
 
 and, measured once at the smallest k, the CPU seconds of one allreduce
-step (the allreduce-only time, less the link and the casts, times the
-CPU share the allreduce blocks ran at, ``cpu_per_wall_allreduce``, over
-the steps). The link is the ``tbf`` setting itself (rate and
-burst). The model and this machine's figures are in docs/simulator.md.
+step (the serial steps' loss-statistics allreduce on the slowest rank,
+times the CPU share of those steps, over its recursive-doubling steps).
+The link is the ``tbf`` setting itself (rate and burst); a bucket costs
+the larger of its CPU steps and its bytes through the link. The model
+and this machine's figures are in docs/simulator.md.
 """
 import json
 import os
