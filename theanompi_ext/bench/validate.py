@@ -321,7 +321,7 @@ def predict(measured, wire_dtype, link=None, casts=None):
                         'step_latency_s': alpha, 'cast_s': cast_per_byte * sum(c['sizes']),
                         'link_s': link_s, 'allreduce_measured_s': row['allreduce_s'],
                         'allreduce_predicted_s': _alone(res.messages, c, wire_dtype, k, alpha,
-                                                        link, cast_per_byte),
+                                                        link, cast_per_byte, wire_bytes),
                         'buckets': len(c['sizes']), 'calibrated_at': k0})
     return out
 
@@ -337,15 +337,15 @@ def _host_network(wire_dtype, k, alpha, link_s, wire_bytes):
                    intra_bandwidth=bw, gpus_per_node=1)
 
 
-def _alone(messages, c, wire_dtype, k, alpha, link, cast_per_byte):
-    """Predicted seconds of one step's bucket allreduces in the allreduce-alone blocks."""
+def _alone(messages, c, wire_dtype, k, alpha, link, cast_per_byte, wire_bytes):
+    """Predicted seconds of one step's bucket allreduces (``wire_bytes`` on the wire
+    in all) in the allreduce-alone blocks."""
     from ..simulate.model import WIRE_SCALE
-    scale = WIRE_SCALE[wire_dtype]
-    wire_bytes = scale * sum(c['sizes'])
     net = _host_network(wire_dtype, k, alpha,
                         block_link_seconds(wire_bytes, k, link, int(c['row'].get('steps', 1))),
                         wire_bytes)
-    return sum(m.cost(net, k, scale, cast_per_byte, shared_link=True) for m in messages)
+    return sum(m.cost(net, k, WIRE_SCALE[wire_dtype], cast_per_byte, shared_link=True)
+               for m in messages)
 
 
 def measured_inputs(row, path, cast_cpu):

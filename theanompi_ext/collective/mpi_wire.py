@@ -38,6 +38,14 @@ def _MPI():
     return MPI
 
 
+def check_wire_method(method):
+    """``method`` if it is one of :data:`WIRE_METHODS`, else ValueError naming it."""
+    if method not in WIRE_METHODS:
+        raise ValueError('unknown wire method %r; choose from %s'
+                         % (method, ', '.join(WIRE_METHODS)))
+    return method
+
+
 def wire_allreduce(comm, buf, wire, method=DEFAULT_WIRE_METHOD, name=None, ops=None):
     """Sum float32 ``buf`` over ``comm`` in place, ``wire`` on the wire.
 
@@ -45,9 +53,7 @@ def wire_allreduce(comm, buf, wire, method=DEFAULT_WIRE_METHOD, name=None, ops=N
     all) when the exchanged sum holds inf or nan. ``ops``: a dict caching
     the ``op`` method's reductions (freed by :func:`free_ops`).
     """
-    if method not in WIRE_METHODS:
-        raise ValueError('unknown wire method %r; choose from %s'
-                         % (method, ', '.join(WIRE_METHODS)))
+    check_wire_method(method)
     transfer = WireTransfer(buf, wire, name)
     transfer.exchange(comm, method, ops)
     return transfer.finish()
@@ -76,15 +82,12 @@ class WireTransfer(object):
 
     def exchange(self, comm, method=DEFAULT_WIRE_METHOD, ops=None):
         """The collectives: afterwards ``self.w`` holds the 16-bit sum."""
-        if method == 'asa':
+        if check_wire_method(method) == 'asa':
             _alltoall_sum_allgather(comm, self.buf, self.w, self.wire)
-        elif method == 'op':
+        else:
             MPI = _MPI()
             op = _op(ops if ops is not None else {}, self.wire)
             comm.Allreduce(MPI.IN_PLACE, [self.w, MPI.UINT16_T], op=op)
-        else:
-            raise ValueError('unknown wire method %r; choose from %s'
-                             % (method, ', '.join(WIRE_METHODS)))
 
     def finish(self):
         """Cast the sum back into the bucket (once); :class:`WireOverflow` if it
