@@ -70,6 +70,41 @@ def test_float16_wire_is_numpys_cast_and_decode_is_exact():
         assert rel.max() <= W.unit_roundoff(wire) and rel.max() > W.unit_roundoff(wire) / 2
 
 
+def _float16_boundaries():
+    """float32 bit patterns around every float16 value and every midpoint
+    between neighbours (the rounding ties), +- one float32 ulp, both signs,
+    plus random patterns (every exponent: NaN payloads, overflow, subnormals)."""
+    h = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mid = ((h[:-1] + h[1:]) / 2).astype(np.float32).view(np.uint32)
+    at = h.astype(np.float32).view(np.uint32)
+    rand = np.random.RandomState(5).randint(0, 2 ** 32, 200000, dtype=np.uint64).astype(np.uint32)
+    u = np.concatenate([at, at + 1, at - 1, mid, mid + 1, mid - 1, rand,
+                        np.array([0x477FEFFF, 0x477FF000, 0x477FF001, 0x47800000, 0x7F800000,
+                                  0x7F800001, 0x7F801FFF, 0x7FC00000, 0x7FFFFFFF, 0x33000000,
+                                  0x33000001, 0x32FFFFFF], np.uint32)])
+    return np.concatenate([u, u | np.uint32(0x80000000)])
+
+
+def test_float16_casts_are_numpys_bits_without_numpys_cost_on_small_values():
+    u = _float16_boundaries()
+    with np.errstate(all='ignore'):
+        want = u.view(np.float32).astype(np.float16).view(np.uint16)
+    got = W.float32_to_float16(u.view(np.float32))
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, ['%08x -> %04x, numpy %04x' % (u[i], got[i], want[i]) for i in bad[:5]]
+    # every float16 (inf and NaN payloads included) decodes to numpy's float32 bits
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    np.testing.assert_array_equal(W.float16_to_float32(h).view(np.uint32),
+                                  h.view(np.float16).astype(np.float32).view(np.uint32))
+    # hand-checked: 65520 (a tie) rounds to even, i.e. inf; 2**-25 (half the
+    # smallest subnormal, a tie) to 0 and a hair above it to 2**-24
+    assert list(W.float32_to_float16(np.array([65519.996, 65520.0, 2.0 ** -25, 2.0 ** -25 * (1 + 2.0 ** -23), -0.0],
+                                              np.float32))) == [0x7BFF, 0x7C00, 0x0000, 0x0001, 0x8000]
+    # no floating-point warning from the NaN lanes
+    with np.errstate(all='raise'):
+        W.float16_to_float32(W.float32_to_float16(np.array([np.nan, 1e-8, 1.0], np.float32)))
+
+
 def test_sum_is_float32_of_decoded_parts_never_16_bit():
     # 2048 + 1 + 1 in float16: a 16-bit accumulator would stay at 2048
     # (2049 is not a float16); float32 sums reach 2050, a float16 value.

@@ -8,7 +8,8 @@ no MPI: the collective layer moves the 16-bit values.
 Representation: every 16-bit wire value is held as ``uint16`` (numpy has
 no bfloat16, and MPI moves both formats as ``MPI.UINT16_T``):
 
-``float16``   IEEE binary16 bits (numpy's own cast, round-to-nearest-even);
+``float16``   IEEE binary16 bits, round-to-nearest-even (numpy's cast's bits,
+              computed by :func:`float32_to_float16`);
               largest finite value 65504, unit roundoff 2**-11.
 ``bfloat16``  the upper half of float32's bits, rounded to nearest even by
               :func:`float32_to_bfloat16`; float32's range (~3.4e38), unit
@@ -94,18 +95,88 @@ def bfloat16_to_float32(w, out=None, xp=np):
     return out
 
 
+# float32 bit patterns of the float16 limits
+_U = np.uint32
+_F16_MIN_NORMAL = _U(0x38800000)    # 2**-14: below it a float16 is subnormal (or zero)
+_F16_OVERFLOW = _U(0x47800000)      # 65536: from here on the float16 is inf (or nan)
+_F32_INF = _U(0x7F800000)
+_REBIAS = _U(0x38000000)            # (127 - 15) << 23: float32 exponent -> float16's
+
+
+def float32_to_float16(x, out=None):
+    """IEEE binary16 bits (uint16) of float32 ``x``, rounded to nearest, ties to even.
+
+    The same bits as numpy's cast (NaN payloads included, tested on every
+    float16 boundary), computed with integer and float32 array arithmetic:
+    numpy's own cast sets the floating-point underflow status once per
+    value that becomes subnormal or zero, which costs ~80 ns a value, and
+    most gradient entries are that small (a 36,864-entry ResNet-20 bucket:
+    3 ms instead of 0.1 ms, on the training thread, between backward chunks).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty(x.size, np.uint16) if out is None else out
+    bits = x.view(np.uint32)
+    for s in _blocks(x.size):
+        u = bits[s]
+        a = u & _U(0x7FFFFFFF)
+        # Normal range: rebias the exponent (wrapping below 2**-14, where the
+        # subnormal result replaces it) and round the 13 dropped bits to
+        # nearest, ties to the even neighbour (0xFFF plus the lowest kept
+        # bit); a carry is the next binade, up to inf from 65520 on.
+        r = (a - _REBIAS + _U(0xFFF) + ((a >> _U(13)) & _U(1))) >> _U(13)
+        sub = a < _F16_MIN_NORMAL
+        if sub.any():
+            # Adding 0.5 puts the float16 subnormal step (2**-24) at
+            # float32's last bit, so the float32 addition rounds (to
+            # nearest even) exactly as the float16 cast must.
+            with np.errstate(invalid='ignore'):     # the nan lanes, not kept
+                t = (a.view(np.float32) + np.float32(0.5)).view(np.uint32) - _U(0x3F000000)
+            np.copyto(r, t, where=sub)
+        big = a >= _F16_OVERFLOW
+        if big.any():
+            # inf for overflow and inf; a NaN keeps the top of its payload
+            # (and at least one bit of it), as numpy's cast does
+            nan = a > _F32_INF
+            special = np.where(nan, _U(0x7C00) + ((a & _U(0x7FFFFF)) >> _U(13)), _U(0x7C00))
+            special[nan & (special == _U(0x7C00))] = 0x7C01
+            np.copyto(r, special, where=big)
+        r |= (u >> _U(16)) & _U(0x8000)
+        out[s] = r
+    return out
+
+
+def float16_to_float32(w, out=None):
+    """float32 values of IEEE binary16 bits ``w`` (exact; numpy's values, NaN
+    payloads included), in array arithmetic for the same reason as
+    :func:`float32_to_float16`: numpy's cast is slow on subnormals."""
+    w = np.asarray(w, dtype=np.uint16).reshape(-1)
+    out = np.empty(w.size, np.float32) if out is None else out
+    bits = out.reshape(-1).view(np.uint32)
+    for s in _blocks(w.size):
+        h = w[s].astype(np.uint32)
+        o = (h & _U(0x7FFF)) << _U(13)
+        e = o & _U(0x0F800000)
+        o += _REBIAS
+        # inf and nan: float32's all-ones exponent
+        o[e == _U(0x0F800000)] += _REBIAS
+        sub = e == 0
+        if sub.any():
+            # m * 2**-24 = (1 + m / 1024) * 2**-14 - 2**-14, exact in float32
+            with np.errstate(invalid='ignore'):     # the nan lanes, not kept
+                t = (o + _U(0x00800000)).view(np.float32) - np.float32(2.0 ** -14)
+            np.copyto(o, t.view(np.uint32), where=sub)
+        o |= (h & _U(0x8000)) << _U(16)
+        bits[s] = o
+    return out
+
+
 def encode(x, wire, out=None):
     """The 16-bit wire bits (uint16) of float32 ``x``; ``out`` is reused if given."""
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if wire == 'bfloat16':
         return float32_to_bfloat16(x, out)
     if wire != 'float16':
         raise ValueError('encode: %r is not a 16-bit wire dtype' % (wire,))
-    out = np.empty(x.size, np.uint16) if out is None else out
-    half = out.view(np.float16)
-    for s in _blocks(x.size):
-        np.copyto(half[s], x[s], casting='same_kind')
-    return out
+    return float32_to_float16(x, out)
 
 
 def decode(w, wire, out=None):
@@ -114,12 +185,7 @@ def decode(w, wire, out=None):
         return bfloat16_to_float32(w, out)
     if wire != 'float16':
         raise ValueError('decode: %r is not a 16-bit wire dtype' % (wire,))
-    w = np.asarray(w, dtype=np.uint16).reshape(-1)
-    out = np.empty(w.size, np.float32) if out is None else out
-    half = w.view(np.float16)
-    for s in _blocks(w.size):
-        np.copyto(out[s], half[s])
-    return out
+    return float16_to_float32(w, out)
 
 
 def sum_encoded(parts, wire, out=None):
