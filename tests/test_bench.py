@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from theanompi_ext.bench import allreduce, compare
+from theanompi_ext.bench import allreduce, casts, compare
 
 HAVE_TORCH = importlib.util.find_spec('torch') is not None
 
@@ -37,6 +37,35 @@ def run_bench_process(tmp_path, *argv, timeout):
     assert res.returncode == 0, res.stdout + res.stderr
     with open(out) as f:
         return json.load(f), res
+
+
+# ------------------------------------------------------------------ casts
+
+def test_casts_times_both_wires_at_each_scale(tmp_path):
+    res, stdout = run_bench(tmp_path, 'casts', '--elements', '3000', '--reps', '3',
+                            '--scales', '1,1e-6', timeout=120)
+    rows = res['rows']
+    assert [(r['wire'], r['scale']) for r in rows] == [
+        ('float16', 1.0), ('float16', 1e-6), ('bfloat16', 1.0), ('bfloat16', 1e-6)]
+    for r in rows:
+        assert r['elements'] == 3000 and r['encode_ns'] > 0 and r['decode_ns'] > 0
+        assert (r['numpy_encode_ns'] is None) == (r['wire'] == 'bfloat16')
+    assert 'numpy/ours' in stdout and 'on 3000 elements' in stdout
+
+
+def test_casts_table_by_hand_and_bad_scales_refused(tmp_path):
+    row = dict(wire='float16', scale=1e-5, elements=10, encode_ns=5.0, decode_ns=4.0,
+               numpy_encode_ns=120.0, numpy_decode_ns=16.0)
+    bf = dict(row, wire='bfloat16', numpy_encode_ns=None, numpy_decode_ns=None)
+    lines = casts.format_table([row, bf]).splitlines()
+    assert lines[2].split() == ['float16', '1e-05', '5.00', '120.00', '4.00', '16.00', 'x24.0']
+    assert lines[3].split()[-3:] == ['4.00', 'n/a', 'n/a']
+    for bad in ('1,x', '0', '-1', 'nan', ''):
+        with pytest.raises(ValueError, match='--scales'):
+            casts.parse_scales(bad)
+    res = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'bench', 'casts', '--scales',
+                          '1,inf'], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--scales: 'inf' is not a positive number" in res.stderr
 
 
 # ------------------------------------------------------------------ allreduce

@@ -375,6 +375,28 @@ def test_rank_notes_round_trip(tmp_path, monkeypatch):
     assert rank_notes.read_rank_notes(str(tmp_path)) == {3: (os.getpid(), os.uname()[1], 'failed 2')}
 
 
+def test_stale_ranks_folders_of_dead_launchers_are_removed(tmp_path):
+    """A SIGKILLed launcher leaves its notes folder; the next one removes it, and
+    nothing else: not a live launcher's, not a link, not another name."""
+    dead = subprocess.Popen(['true'])
+    dead.wait()
+    gone = tmp_path / ('%s%d-abc' % (rank_notes.RANKS_PREFIX, dead.pid))
+    live = tmp_path / ('%s%d-def' % (rank_notes.RANKS_PREFIX, os.getpid()))
+    other = tmp_path / 'theanompi-ext-ranks-xyz'
+    for d in (gone, live, other):
+        d.mkdir()
+        (d / 'rank0').write_text('1 host running\n')
+    target = tmp_path / 'kept'
+    target.mkdir()
+    link = tmp_path / ('%s%d-lnk' % (rank_notes.RANKS_PREFIX, dead.pid))
+    link.symlink_to(target)
+    made = rank_notes.make_ranks_folder(str(tmp_path))
+    assert os.path.basename(made).startswith('%s%d-' % (rank_notes.RANKS_PREFIX, os.getpid()))
+    assert sorted(os.listdir(str(tmp_path))) == sorted(
+        [live.name, other.name, target.name, link.name, os.path.basename(made)])
+    assert (live / 'rank0').exists() and target.is_dir()
+
+
 # --------------------------------------------------------------------------- replicas unit
 
 def test_replica_groups_and_message():

@@ -467,6 +467,39 @@ def test_write_failing_mid_way_keeps_the_old_files(full_disk, monkeypatch):
     assert sorted(os.listdir(str(full_disk))) == ['a.json', 'b.npz']
 
 
+def test_json_and_figures_are_written_whole_or_not_at_all(full_disk, tmp_path, monkeypatch):
+    """The benchmarks', timelines' and plots' files: a document that cannot be
+    encoded, a figure that cannot be drawn, and a full disk all leave the old file."""
+    path = tmp_path / 'r.json'
+    atomic.write_json(str(path), {'a': [1, 2.5]}, indent=1)
+    assert json.loads(path.read_text()) == {'a': [1, 2.5]}
+    with pytest.raises(TypeError):
+        atomic.write_json(str(path), {'a': object()})
+    assert json.loads(path.read_text()) == {'a': [1, 2.5]}
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig = plt.figure()
+    png = tmp_path / 'f.png'
+    atomic.write_figure(fig, str(png), dpi=20)
+    good = png.read_bytes()
+    assert good[:8] == b'\x89PNG\r\n\x1a\n'
+    with pytest.raises(ValueError, match='nosuch'):
+        atomic.write_figure(fig, str(tmp_path / 'f.nosuch'))
+    monkeypatch.setattr(atomic, 'free_bytes', lambda folder: None)
+    for where in (full_disk / 'r.json', full_disk / 'f.png'):
+        where.write_bytes(b'old')
+    with pytest.raises(atomic.WriteError, match=r'r.json: could not write the results: No space'):
+        atomic.write_json(str(full_disk / 'r.json'), list(range(100000)), 'the results')
+    fig.gca().imshow(np.random.RandomState(0).rand(300, 300))    # noise: no compression
+    with pytest.raises(atomic.WriteError, match=r'f.png: could not write the chart: No space'):
+        atomic.write_figure(fig, str(full_disk / 'f.png'), 'the chart', dpi=100)
+    plt.close(fig)
+    assert sorted(os.listdir(str(tmp_path))) == ['f.png', 'full', 'r.json']
+    assert png.read_bytes() == good
+    assert {p.read_bytes() for p in full_disk.iterdir()} == {b'old'}
+
+
 def test_isolated_writer_that_crashes_is_an_error(tmp_path):
     """run_isolated: a child killed by SIGSEGV becomes a WriteError with the cause;
     the temporary it left is removed; results and bad input come back as such."""

@@ -100,6 +100,12 @@ def test_float16_casts_are_numpys_bits_without_numpys_cost_on_small_values():
     # smallest subnormal, a tie) to 0 and a hair above it to 2**-24
     assert list(W.float32_to_float16(np.array([65519.996, 65520.0, 2.0 ** -25, 2.0 ** -25 * (1 + 2.0 ** -23), -0.0],
                                               np.float32))) == [0x7BFF, 0x7C00, 0x0000, 0x0001, 0x8000]
+    # into any float32 array: a transposed one too (its flat view would be a copy)
+    for wire in ('float16', 'bfloat16'):
+        x = np.array([1.5, -2.0 ** -20, 3.0, 0.25, -8.0, 2.0 ** -24], np.float32)
+        out = np.zeros((2, 3), np.float32).T
+        assert W.decode(W.encode(x, wire), wire, out) is out
+        np.testing.assert_array_equal(out, x.reshape(3, 2))
     # no floating-point warning from the NaN lanes
     with np.errstate(all='raise'):
         W.float16_to_float32(W.float32_to_float16(np.array([np.nan, 1e-8, 1.0], np.float32)))

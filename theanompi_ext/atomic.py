@@ -9,6 +9,8 @@ Every file the project writes for a user (checkpoints, ``params.npz``,
   failure removes the temporary file and raises :class:`WriteError`, one
   line naming the path and the cause. A reader sees the old file or the
   new one, never a mix.
+* :func:`write_json` and :func:`write_figure` build a JSON document or a
+  matplotlib figure in memory and write it so.
 * :func:`write_all` does the same for several files: every temporary is
   written before the first rename, so a full disk leaves all the old files.
 * :func:`seal` / :func:`unseal`: an HDF5 file built with a 512-byte user
@@ -26,6 +28,8 @@ h5py 3.16 / HDF5 2.0.0 segfaults when its own writes into a full tmpfs fail
 import contextlib
 import errno
 import hashlib
+import io
+import json
 import os
 import re
 import signal
@@ -133,6 +137,20 @@ def write_atomic(path, data, what='the file', keep_previous=None):
     return path
 
 
+def write_json(path, obj, what='the JSON file', **dump_kw):
+    """``obj`` as JSON (``json.dumps(obj, **dump_kw)``), written by :func:`write_atomic`."""
+    return write_atomic(path, json.dumps(obj, **dump_kw).encode('utf-8'), what)
+
+
+def write_figure(fig, path, what='the figure', **savefig_kw):
+    """Matplotlib figure ``fig`` rendered into memory (its format from ``path``'s
+    extension, PNG without one), then written by :func:`write_atomic`."""
+    buf = io.BytesIO()
+    fmt = os.path.splitext(path)[1].lstrip('.').lower() or 'png'
+    fig.savefig(buf, format=fmt, **savefig_kw)
+    return write_atomic(path, buf.getvalue(), what)
+
+
 def write_all(files, what='the outputs'):
     """Write ``{path: bytes}`` atomically, all temporaries first, renamed in order.
 
@@ -176,7 +194,8 @@ def remove_quietly(path):
         pass
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
+    """Whether a process ``pid`` exists on this host (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -186,22 +205,30 @@ def _pid_alive(pid):
     return True
 
 
+def entries_of_dead_pids(folder, pattern, include_live=False):
+    """Names in ``folder`` that ``pattern`` finds (its group 1: a PID) whose process
+    is gone (every match with ``include_live``); [] if ``folder`` cannot be listed."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        m = pattern.search(name)
+        if m and (include_live or not pid_alive(int(m.group(1)))):
+            out.append(name)
+    return out
+
+
 def remove_stale_temporaries(folder, all_of_them=False):
     """Delete ``*.tmp-<pid>`` files in ``folder`` left by dead writers; return their names.
 
     ``all_of_them``: also those whose PID is alive (the caller holds the
     folder's lock, so no writer of this project is at work there).
     """
-    removed = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return removed
-    for name in names:
-        m = _TMP.search(name)
-        if m and (all_of_them or not _pid_alive(int(m.group(1)))):
-            remove_quietly(os.path.join(folder, name))
-            removed.append(name)
+    removed = entries_of_dead_pids(folder, _TMP, all_of_them)
+    for name in removed:
+        remove_quietly(os.path.join(folder, name))
     return removed
 
 

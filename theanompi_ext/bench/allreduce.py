@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_FAILED, EXIT_OK
 from .common import add_common_options, rank_main
+from ..atomic import write_json
 
 METHODS = ('raw', 'ours', 'started')
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(8))       # 4 KB .. 64 MB
@@ -104,8 +105,7 @@ def main(args):
     for res in results:
         print(format_table(res))
     if args.json and results:
-        with open(args.json, 'w') as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results, 'the results', indent=1)
     return EXIT_OK
 
 
@@ -151,8 +151,7 @@ def run_ranks(module, spec, net, ranks, timeout, env_extra=None):
     with tempfile.TemporaryDirectory(prefix='bench-') as tmp:
         spec = dict(spec, out=os.path.join(tmp, 'result.json'), network=format_network(net))
         path = os.path.join(tmp, 'spec.json')
-        with open(path, 'w') as f:
-            json.dump(spec, f)
+        write_json(path, spec, 'the job spec')
         cmd = mpiexec_command(ranks, [sys.executable, '-u', '-m', module, path])
         if net[0] == 'shm':
             status = run_mpiexec(cmd, env=env, timeout=timeout)

@@ -15,6 +15,7 @@ BENCHES = {
     'allreduce': 'theanompi_ext.bench.allreduce',
     'compare': 'theanompi_ext.bench.compare',
     'validate': 'theanompi_ext.bench.validate',
+    'casts': 'theanompi_ext.bench.casts',
 }
 
 

@@ -2,6 +2,7 @@
 import json
 
 from ..argtypes import output_path
+from ..atomic import write_json
 
 
 def add_common_options(p, network_example, timeout_s, json_help='write the results to FILE',
@@ -33,6 +34,5 @@ def rank_main(spec_path, measure):
         res = measure(spec)
         from ..collective.world import world_comm
         if world_comm().Get_rank() == 0:
-            with open(spec['out'], 'w') as f:
-                json.dump(res, f)
+            write_json(spec['out'], res, 'the rank results')
     return guarded(run)

@@ -70,6 +70,7 @@ from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from .common import add_common_options, rank_main
 from .timing import time_modes
+from ..atomic import write_json
 
 SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
 # Our modes without an exchange (shared by every wire), and those with one
@@ -180,11 +181,9 @@ def main(args):
             print(format_table(got))
             sys.stdout.flush()
             if args.json:   # after every setting: a long run keeps what it measured
-                with open(args.json, 'w') as f:
-                    json.dump(rows, f, indent=1)
+                write_json(args.json, rows, 'the results', indent=1)
     if args.json and not rows:
-        with open(args.json, 'w') as f:
-            json.dump(rows, f)
+        write_json(args.json, rows, 'the results')
     return status
 
 

@@ -41,6 +41,7 @@ import os
 import sys
 
 from ..errors import EXIT_FAILED, EXIT_OK
+from ..atomic import write_json
 
 MODES = ('compute', 'serial', 'full', 'allreduce')
 
@@ -333,8 +334,7 @@ def main(argv=None):
         sys.stderr.flush()
         return EXIT_FAILED
     if rank == 0:
-        with open(spec['out'], 'w') as f:
-            json.dump(res, f)
+        write_json(spec['out'], res, 'the rank results')
     return EXIT_OK
 
 

@@ -49,6 +49,7 @@ import numpy as np
 from ..argtypes import output_path
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .common import add_common_options
+from ..atomic import write_json
 
 MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
@@ -126,8 +127,7 @@ def main(args):
         print(format_table(rows))
         sys.stdout.flush()
     if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results, 'the results', indent=1)
     return status
 
 
@@ -213,8 +213,7 @@ def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
         if spec['timeline']:
             spec['timeline'] = '%s-%s' % (spec['timeline'], re.sub(r'\W', '', spec['network']))
         spec_path = os.path.join(tmp, 'spec.json')
-        with open(spec_path, 'w') as f:
-            json.dump(spec, f)
+        write_json(spec_path, spec, 'the job spec')
         cmd = mpiexec_command(workers, [sys.executable, '-u', '-m', 'theanompi_ext.bench.overlap',
                                         spec_path])
         if net[0] == 'shm':
@@ -467,8 +466,7 @@ def _measure_all(spec):
     open_on_every_rank(spec.get('device', 'cpu'), comm)
     rows = [measure_model(comm, name, spec) for name in spec['models']]
     if comm.rank == 0:
-        with open(spec['out'], 'w') as f:
-            json.dump(rows, f)
+        write_json(spec['out'], rows, 'the rank results')
     comm.barrier()
     comm.close()
 

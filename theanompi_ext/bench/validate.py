@@ -30,6 +30,7 @@ import tempfile
 
 from ..argtypes import output_path
 from .common import add_common_options
+from ..atomic import write_json
 
 DEFAULT_WORKERS = '2,4,8'
 
@@ -109,8 +110,7 @@ def main(args):
         return 1
     print(format_rows(rows, args, net))
     if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(rows, f, indent=1)
+        write_json(args.json, rows, 'the results', indent=1)
     return 0
 
 
@@ -165,10 +165,7 @@ def measure(ks, args, net, folder):
                network=list(net), quick=bool(args.quick),
                runs={str(k): dict(row=row, trace=os.path.basename(trace), cast_cpu_s=casts[k])
                      for k, (row, trace) in measured.items()})
-    tmp = os.path.join(folder, RUNS_FILE + '.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, os.path.join(folder, RUNS_FILE))    # whole or absent
+    write_json(os.path.join(folder, RUNS_FILE), doc, 'the saved runs', indent=1)
     return measured, casts
 
 

@@ -57,6 +57,11 @@ def max_finite(wire):
     return _MAX[check_wire_dtype(wire)]
 
 
+def _flat_float32(out):
+    """Whether the casts can write ``out``'s memory through a flat uint32 view."""
+    return out.dtype == np.float32 and out.flags.c_contiguous
+
+
 def _blocks(n):
     for lo in range(0, n, BLOCK):
         yield slice(lo, min(n, lo + BLOCK))
@@ -88,6 +93,9 @@ def float32_to_bfloat16(x, out=None, xp=np):
 def bfloat16_to_float32(w, out=None, xp=np):
     """float32 values of bfloat16 bits ``w`` (exact); ``xp`` as above."""
     w = xp.asarray(w, dtype=np.uint16).reshape(-1)
+    if out is not None and not _flat_float32(out):
+        out[...] = bfloat16_to_float32(w, xp=xp).reshape(out.shape)
+        return out
     out = xp.empty(w.size, np.float32) if out is None else out
     bits = out.reshape(-1).view(np.uint32)
     for s in _blocks(w.size):
@@ -101,6 +109,7 @@ _F16_MIN_NORMAL = _U(0x38800000)    # 2**-14: below it a float16 is subnormal (o
 _F16_OVERFLOW = _U(0x47800000)      # 65536: from here on the float16 is inf (or nan)
 _F32_INF = _U(0x7F800000)
 _REBIAS = _U(0x38000000)            # (127 - 15) << 23: float32 exponent -> float16's
+_ROUND_REBIAS = _U((0xFFF - 0x38000000) % (1 << 32))   # + 0xFFF - _REBIAS, mod 2**32
 
 
 def float32_to_float16(x, out=None):
@@ -116,31 +125,42 @@ def float32_to_float16(x, out=None):
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     out = np.empty(x.size, np.uint16) if out is None else out
     bits = x.view(np.uint32)
+    n = min(x.size, BLOCK)
+    a_, r_, t_ = (np.empty(n, np.uint32) for _ in range(3))
+    m_ = np.empty(n, bool)
     for s in _blocks(x.size):
         u = bits[s]
-        a = u & _U(0x7FFFFFFF)
+        a, r, t, m = a_[:u.size], r_[:u.size], t_[:u.size], m_[:u.size]
+        np.bitwise_and(u, _U(0x7FFFFFFF), out=a)
         # Normal range: rebias the exponent (wrapping below 2**-14, where the
         # subnormal result replaces it) and round the 13 dropped bits to
         # nearest, ties to the even neighbour (0xFFF plus the lowest kept
         # bit); a carry is the next binade, up to inf from 65520 on.
-        r = (a - _REBIAS + _U(0xFFF) + ((a >> _U(13)) & _U(1))) >> _U(13)
-        sub = a < _F16_MIN_NORMAL
-        if sub.any():
+        np.right_shift(a, _U(13), out=r)
+        np.bitwise_and(r, _U(1), out=r)
+        r += a
+        r += _ROUND_REBIAS           # wraps: unsigned arithmetic mod 2**32
+        r >>= _U(13)
+        np.less(a, _F16_MIN_NORMAL, out=m)
+        if m.any():
             # Adding 0.5 puts the float16 subnormal step (2**-24) at
             # float32's last bit, so the float32 addition rounds (to
             # nearest even) exactly as the float16 cast must.
             with np.errstate(invalid='ignore'):     # the nan lanes, not kept
-                t = (a.view(np.float32) + np.float32(0.5)).view(np.uint32) - _U(0x3F000000)
-            np.copyto(r, t, where=sub)
-        big = a >= _F16_OVERFLOW
-        if big.any():
+                np.add(a.view(np.float32), np.float32(0.5), out=t.view(np.float32))
+            t -= _U(0x3F000000)
+            np.copyto(r, t, where=m)
+        np.greater_equal(a, _F16_OVERFLOW, out=m)
+        if m.any():
             # inf for overflow and inf; a NaN keeps the top of its payload
             # (and at least one bit of it), as numpy's cast does
             nan = a > _F32_INF
             special = np.where(nan, _U(0x7C00) + ((a & _U(0x7FFFFF)) >> _U(13)), _U(0x7C00))
             special[nan & (special == _U(0x7C00))] = 0x7C01
-            np.copyto(r, special, where=big)
-        r |= (u >> _U(16)) & _U(0x8000)
+            np.copyto(r, special, where=m)
+        np.right_shift(u, _U(16), out=t)
+        t &= _U(0x8000)
+        r |= t
         out[s] = r
     return out
 
@@ -150,23 +170,35 @@ def float16_to_float32(w, out=None):
     payloads included), in array arithmetic for the same reason as
     :func:`float32_to_float16`: numpy's cast is slow on subnormals."""
     w = np.asarray(w, dtype=np.uint16).reshape(-1)
+    if out is not None and not _flat_float32(out):
+        out[...] = float16_to_float32(w).reshape(out.shape)
+        return out
     out = np.empty(w.size, np.float32) if out is None else out
     bits = out.reshape(-1).view(np.uint32)
+    n = min(w.size, BLOCK)
+    h_, e_, t_ = (np.empty(n, np.uint32) for _ in range(3))
+    m_ = np.empty(n, bool)
     for s in _blocks(w.size):
-        h = w[s].astype(np.uint32)
-        o = (h & _U(0x7FFF)) << _U(13)
-        e = o & _U(0x0F800000)
+        o = bits[s]                      # built in place
+        h, e, t, m = h_[:o.size], e_[:o.size], t_[:o.size], m_[:o.size]
+        np.copyto(h, w[s])
+        np.bitwise_and(h, _U(0x7FFF), out=o)
+        o <<= _U(13)
+        np.bitwise_and(o, _U(0x0F800000), out=e)
         o += _REBIAS
-        # inf and nan: float32's all-ones exponent
-        o[e == _U(0x0F800000)] += _REBIAS
-        sub = e == 0
-        if sub.any():
+        np.equal(e, _U(0x0F800000), out=m)
+        if m.any():                      # inf and nan: float32's all-ones exponent
+            o[m] += _REBIAS
+        np.equal(e, 0, out=m)
+        if m.any():
             # m * 2**-24 = (1 + m / 1024) * 2**-14 - 2**-14, exact in float32
+            np.add(o, _U(0x00800000), out=t)
             with np.errstate(invalid='ignore'):     # the nan lanes, not kept
-                t = (o + _U(0x00800000)).view(np.float32) - np.float32(2.0 ** -14)
-            np.copyto(o, t.view(np.uint32), where=sub)
-        o |= (h & _U(0x8000)) << _U(16)
-        bits[s] = o
+                np.subtract(t.view(np.float32), np.float32(2.0 ** -14), out=t.view(np.float32))
+            np.copyto(o, t, where=m)
+        np.bitwise_and(h, _U(0x8000), out=t)
+        t <<= _U(16)
+        o |= t
     return out
 
 

@@ -59,6 +59,7 @@ median exposed communication.
 import json
 
 import numpy as np
+from ..atomic import write_json, write_figure
 
 COMPUTE_TID, COMM_TID, COPY_TID = 0, 1, 2
 LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm', COPY_TID: 'copy'}
@@ -210,8 +211,7 @@ class Timeline(object):
 def write_trace(trace, prefix, png=True):
     """Write ``<prefix>.json`` and (``png``) ``<prefix>.png``; return the paths."""
     paths = [prefix + '.json']
-    with open(paths[0], 'w') as f:
-        json.dump(trace, f)
+    write_json(paths[0], trace, 'the timeline')
     if png:
         paths.append(prefix + '.png')
         plot_trace(trace, paths[1])
@@ -362,5 +362,5 @@ def plot_trace(trace, path, last_steps=3):
                  '(forward blue, backward chunks cyan, buckets orange, wait red)'
                  % (len(steps), med / 1e3), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, 'the timeline chart', dpi=110)
     plt.close(fig)

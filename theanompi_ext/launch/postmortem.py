@@ -25,13 +25,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .mpiexec import child_env, popen_job
-from .rank_notes import RANKS_DIR_VAR, read_rank_notes
+from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
@@ -241,7 +240,7 @@ def run_explained(cmd, env=None, size=None):
     (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
     Returns the exit status (see :mod:`theanompi_ext.errors`).
     """
-    folder = tempfile.mkdtemp(prefix='theanompi-ext-ranks-')
+    folder = make_ranks_folder()
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
     report = LauncherReport()

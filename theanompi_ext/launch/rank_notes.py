@@ -6,11 +6,50 @@ starts mpiexec), every rank writes ``rank<R>`` there: ``<pid> <host> <state>``
 with state ``running``, ``done 0`` or ``failed N``. The launcher maps the PID
 that mpiexec reports for a killed process back to its rank, and notices ranks
 that vanished without finishing.
+
+The folder is ``$TMPDIR/theanompi-ext-ranks-<launcher pid>-XXXX``
+(:func:`make_ranks_folder`). A launcher removes its own when the job ends;
+one that was SIGKILLed cannot, so every launcher first removes those of
+launchers that no longer run (:func:`remove_stale_ranks_folders`).
 """
 import os
+import re
+import shutil
 import socket
+import tempfile
+
+from ..atomic import entries_of_dead_pids
 
 RANKS_DIR_VAR = 'THEANOMPI_EXT_RANKS_DIR'
+RANKS_PREFIX = 'theanompi-ext-ranks-'
+_STALE = re.compile('^' + re.escape(RANKS_PREFIX) + r'(\d+)-')
+
+
+def make_ranks_folder(tmpdir=None):
+    """A new notes folder named for this launcher, after removing stale ones."""
+    remove_stale_ranks_folders(tmpdir)
+    return tempfile.mkdtemp(prefix='%s%d-' % (RANKS_PREFIX, os.getpid()), dir=tmpdir)
+
+
+def remove_stale_ranks_folders(tmpdir=None):
+    """Remove this user's notes folders whose launcher PID is gone; return their names.
+
+    Only folders named ``theanompi-ext-ranks-<pid>-...`` (real folders, not
+    links) are touched; a folder whose PID now belongs to another process is
+    kept (it is small, and a later launcher removes it).
+    """
+    tmpdir = tmpdir or tempfile.gettempdir()
+    removed = []
+    for name in entries_of_dead_pids(tmpdir, _STALE):
+        path = os.path.join(tmpdir, name)
+        try:
+            mine = os.lstat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def write_rank_note(folder, rank, state):

@@ -6,12 +6,12 @@ then runs the line its own way (names a rank that died, bounds the time,
 copies the output to a run's log).
 """
 import contextlib
-import json
 import os
 import sys
 import tempfile
 
 from .mpiexec import mpiexec_command
+from ..atomic import write_json
 
 #: The program every rank runs, with the path of the run's JSON config.
 WORKER_MODULE = 'theanompi_ext.train.worker'
@@ -26,9 +26,7 @@ def worker_command(workers, config_path, hostfile=None):
 
 def write_worker_config(config, path):
     """Write ``config`` (a TrainConfig's dict) as the JSON file the worker reads."""
-    with open(path, 'w') as f:
-        json.dump(config, f, indent=1)
-    return path
+    return write_json(path, config, "the workers' configuration", indent=1)
 
 
 @contextlib.contextmanager

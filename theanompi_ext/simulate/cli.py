@@ -6,11 +6,11 @@ largest requested GPU count, in the preset's mode (overlapped unless
 ``--no-overlap`` or a serial preset), relative to the baseline GPU count.
 Errors in the inputs print ``theanompi-ext simulate: error: ...`` and exit 2.
 """
-import json
 import sys
 from dataclasses import replace
 
 from ..argtypes import output_path
+from ..atomic import write_json
 
 PROG = 'theanompi-ext simulate'
 MIB = 2 ** 20
@@ -289,9 +289,7 @@ def main(args):
     print(format_table(cfg, rows))
     try:
         if args.json:
-            with open(args.json, 'w') as f:
-                json.dump(results_json(cfg, rows, final), f, indent=2)
-                f.write('\n')
+            write_json(args.json, results_json(cfg, rows, final), 'the results', indent=2)
         if args.plot:
             from .plot import plot_efficiency
             plot_efficiency(rows, args.plot, title=cfg['workload'].name,

@@ -1,4 +1,5 @@
 """Efficiency-vs-workers figure for ``theanompi-ext simulate --plot``."""
+from ..atomic import write_figure
 
 
 def plot_efficiency(rows, path, title='', baseline_k=1):
@@ -27,5 +28,5 @@ def plot_efficiency(rows, path, title='', baseline_k=1):
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    write_figure(fig, path, 'the efficiency plot', dpi=100)
     plt.close(fig)

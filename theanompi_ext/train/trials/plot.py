@@ -1,5 +1,6 @@
 """``trials.png``: the runs' curves with mean +- std, and each run's error."""
 from .stats import epoch_band
+from ...atomic import write_figure
 
 
 def plot_trials(path, rows):
@@ -53,5 +54,5 @@ def plot_trials(path, rows):
     ax_err.set_xlim(-0.5, len(rows) - 0.5)
     ax_err.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    write_figure(fig, path, 'the trials plot')
     return path

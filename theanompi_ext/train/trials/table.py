@@ -1,8 +1,6 @@
 """The report of ``trials``: a setting's entry, the printed table, ``trials.json``."""
-import json
-import os
-
 from .stats import LAST_EPOCHS, peak_lr, summarise_runs
+from ... import atomic
 
 
 def percent(v):
@@ -61,7 +59,4 @@ def write_json(path, rows, args_argv, last=LAST_EPOCHS):
                'diverged (non-finite loss) and failed runs are counted, not averaged',
         seeds='run i uses seed = SEED + i and data_seed = DATA_SEED + i',
         last_epochs=last), command=args_argv, settings=rows)
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(doc, f, indent=1, default=float)
-    os.replace(tmp, path)
+    atomic.write_json(path, doc, 'the trials table', indent=1, default=float)
