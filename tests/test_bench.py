@@ -87,6 +87,61 @@ def test_allreduce_quick_writes_json(tmp_path):
     assert 'raw/ours' in stdout and '1 MB' in stdout
 
 
+@pytest.mark.parametrize('sig', ['SIGTERM', 'SIGHUP'])
+def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
+    """A benchmark stopped by a signal ends every rank it started and deletes its
+    network namespace, with status 128 + the signal."""
+    import signal
+    import time
+    from theanompi_ext.bench.overlap import netns_problem
+    from test_faults import _descendants
+    if netns_problem():
+        pytest.skip(netns_problem())
+    proc = subprocess.Popen([sys.executable, '-m', 'theanompi_ext', 'bench', 'allreduce',
+                             '--network', 'tbf:1gbit', '--sizes', '64M', '--reps', '50'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    ns = 'tmxbench%d' % proc.pid
+    try:
+        deadline, ranks = time.time() + 90, []
+        while time.time() < deadline and proc.poll() is None:
+            listed = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True)
+            ranks = [p for p in _descendants(proc.pid)     # not mpiexec, not ip
+                     if _cmdline(p).startswith(sys.executable + ' -u -m theanompi_ext.bench.allreduce')]
+            if ns in listed.stdout and len(ranks) == 2:
+                break
+            time.sleep(0.2)
+        assert len(ranks) == 2 and proc.poll() is None, proc.communicate()
+        time.sleep(1.0)                       # the ranks inside their allreduces
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + getattr(signal, sig), err
+        assert ns not in subprocess.run(['ip', 'netns', 'list'], capture_output=True,
+                                        text=True).stdout
+        assert not [p for p in ranks if _alive(p)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        subprocess.run(['ip', 'netns', 'del', ns], capture_output=True)
+
+
+def _alive(pid):
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+def _cmdline(pid):
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read().replace(b'\0', b' ').decode('utf-8', 'replace')
+    except OSError:
+        return ''
+
+
 def test_allreduce_verdict_holds_ours_to_target_and_reports_started():
     def row(nbytes, raw, ours, started):
         r = dict(bytes=nbytes, raw_s=raw, ours_s=ours, started_s=started)

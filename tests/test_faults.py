@@ -435,8 +435,9 @@ def test_ranks_that_disagree_on_data_are_refused():
 # ------------------------------------------------------------ checkpoints under kill -9
 
 def test_kill_9_during_checkpoint_write_leaves_a_whole_checkpoint(tmp_path):
-    """A writer saving 16 MB checkpoints in a loop is SIGKILLed at random moments,
-    6 times; each time the file is one complete version and loads."""
+    """A writer saving 16 MB checkpoints in a loop is SIGKILLed 6 times, at random
+    moments and while a temporary file is being written; each time the file is
+    one complete version and loads."""
     sys.path.insert(0, MPI_DIR)
     try:
         import ckpt_writer
@@ -459,7 +460,15 @@ def test_kill_9_during_checkpoint_write_leaves_a_whole_checkpoint(tmp_path):
         while not saved and time.monotonic() - t0 < 60:
             time.sleep(0.01)
         assert saved, 'the writer never saved'
-        time.sleep(rnd.uniform(0.0, 0.6))
+        if round_ % 2:
+            # aimed: the moment a temporary appears (a write under way), which
+            # a random moment can miss on a loaded machine
+            t0 = time.monotonic()
+            while (not [p for p in os.listdir(tmp_path) if '.tmp-%d' % proc.pid in p]
+                   and time.monotonic() - t0 < 20):
+                time.sleep(0.001)
+        else:
+            time.sleep(rnd.uniform(0.0, 0.6))
         proc.kill()
         proc.wait(timeout=30)
         reader.join(timeout=30)

@@ -6,9 +6,20 @@ to the ``bench`` sub-parsers and sets ``func`` (called with the parsed
 arguments; its return value is the exit status), exactly like the
 top-level commands of :mod:`theanompi_ext.cli`. Modules are imported only
 when ``bench`` is parsed, and must not import Theano at module level.
+
+While a benchmark runs, SIGTERM and SIGHUP end it through ``SystemExit``
+(status 128 + the signal), as Ctrl-C does through ``KeyboardInterrupt``:
+the ranks it started are stopped and a network namespace it made is
+deleted on the way out (``launch/mpiexec.wait_job``,
+``bench/overlap.RateLimitedNamespace``).
 """
+import signal
+import sys
+
 from ..cli import register_modules
-from ..errors import EXIT_BAD_INPUT
+from ..errors import EXIT_BAD_INPUT, EXIT_SIGNAL_BASE
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 BENCHES = {
     'overlap': 'theanompi_ext.bench.overlap',
@@ -24,8 +35,26 @@ def register(sub):
     parser = sub.add_parser('bench', help='measure: overlap of communication with backprop, ...')
     benches = parser.add_subparsers(dest='bench', metavar='BENCH')
     register_modules(benches, BENCHES.values())
+    for bench in benches.choices.values():
+        bench.set_defaults(func=exit_on_stop_signals(bench.get_default('func')))
 
     def no_bench(args):
         parser.print_help()
         return EXIT_BAD_INPUT
     parser.set_defaults(func=no_bench)
+
+
+def exit_on_stop_signals(func):
+    """``func(args)`` with SIGTERM and SIGHUP raising ``SystemExit(128 + signal)``
+    (the handlers before it are put back afterwards)."""
+    def run(args):
+        def stop(signum, frame):
+            sys.exit(EXIT_SIGNAL_BASE + signum)
+        old = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+        try:
+            return func(args)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    run.__doc__ = func.__doc__
+    return run

@@ -39,7 +39,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import tempfile
 import numpy as np
 
 from ..argtypes import output_path
-from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from .common import add_common_options
 from ..atomic import write_json
 
@@ -112,9 +111,6 @@ def main(args):
     except ValueError as exc:
         sys.stderr.write('theanompi-ext bench overlap: error: %s\n' % exc)
         return EXIT_BAD_INPUT
-    # SIGTERM ends the command through SystemExit, so the ranks are stopped
-    # and a network namespace is deleted on the way out.
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(EXIT_SIGNAL_BASE + signal.SIGTERM))
     results, status = [], EXIT_OK
     for net in networks:
         try:

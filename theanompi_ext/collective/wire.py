@@ -152,17 +152,22 @@ def float32_to_float16(x, out=None):
             np.copyto(r, t, where=m)
         np.greater_equal(a, _F16_OVERFLOW, out=m)
         if m.any():
-            # inf for overflow and inf; a NaN keeps the top of its payload
-            # (and at least one bit of it), as numpy's cast does
-            nan = a > _F32_INF
-            special = np.where(nan, _U(0x7C00) + ((a & _U(0x7FFFFF)) >> _U(13)), _U(0x7C00))
-            special[nan & (special == _U(0x7C00))] = 0x7C01
-            np.copyto(r, special, where=m)
+            np.copyto(r, _float16_specials(a), where=m)
         np.right_shift(u, _U(16), out=t)
         t &= _U(0x8000)
         r |= t
         out[s] = r
     return out
+
+
+def _float16_specials(a):
+    """float16 bits for |float32| bits ``a`` at or beyond 65536: inf for overflow and
+    inf; a NaN keeps the top of its payload (and at least one bit of it), as
+    numpy's cast does."""
+    nan = a > _F32_INF
+    special = np.where(nan, _U(0x7C00) + ((a & _U(0x7FFFFF)) >> _U(13)), _U(0x7C00))
+    special[nan & (special == _U(0x7C00))] = 0x7C01
+    return special
 
 
 def float16_to_float32(w, out=None):

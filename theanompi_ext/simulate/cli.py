@@ -23,7 +23,6 @@ DEFAULT_BUCKET_MB = 25.0
 
 def register(subparsers):
     """Add the ``simulate`` sub-command to the top-level CLI."""
-    from .presets import PRESETS
     p = subparsers.add_parser(
         'simulate', help='predict step time and scaling efficiency for k workers',
         description='Predict step time and weak-scaling efficiency of synchronous SGD '
@@ -31,6 +30,13 @@ def register(subparsers):
                     "serial (Theano-MPI's exchange). Prints a table; the last line is the "
                     'bare efficiency at the largest --gpus, relative to the baseline. '
                     'See docs/simulator.md.')
+    for add in (_workload_options, _cluster_options, _exchange_options, _output_options):
+        add(p)
+    p.set_defaults(func=main)
+
+
+def _workload_options(p):
+    from .presets import PRESETS
     src = p.add_argument_group('workload')
     src.add_argument('--preset', choices=sorted(PRESETS),
                      help='named model + device + cluster (default goyal2017 '
@@ -43,6 +49,9 @@ def register(subparsers):
                      metavar='MS',
                      help='forward time per step, milliseconds (default: the preset\'s '
                           "or the file's, else half the backward time)")
+
+
+def _cluster_options(p):
     net = p.add_argument_group('cluster')
     net.add_argument('--gpus', metavar='K[,K...]',
                      help='worker counts, e.g. 8,16,32 (default: the preset\'s)')
@@ -64,6 +73,9 @@ def register(subparsers):
     net.add_argument('--intra-latency-us', type=float, metavar='US',
                      help='latency inside a server per allreduce step, microseconds '
                           '(default: the preset\'s)')
+
+
+def _exchange_options(p):
     ex = p.add_argument_group('exchange')
     ex.add_argument('--bucket-mb', type=float, metavar='MIB',
                     help='bucket cap of the overlapped exchange, MiB; 0 = one allreduce '
@@ -83,12 +95,14 @@ def register(subparsers):
     ex.add_argument('--baseline-gpus', type=int, metavar='K',
                     help='efficiency is relative to this many GPUs (default: the '
                          "preset's, else 1)")
+
+
+def _output_options(p):
     out = p.add_argument_group('output')
     out.add_argument('--plot', metavar='FILE.png', type=output_path,
                      help='write a plot of the efficiency against k, overlap on and off')
     out.add_argument('--json', metavar='FILE', type=output_path,
                      help='write the results as JSON to FILE')
-    p.set_defaults(func=main)
 
 
 def parse_gpus(text):
