@@ -94,7 +94,7 @@ def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
     import signal
     import time
     from theanompi_ext.bench.overlap import netns_problem
-    from test_faults import _descendants
+    from test_faults import _alive, _descendants
     if netns_problem():
         pytest.skip(netns_problem())
     proc = subprocess.Popen([sys.executable, '-m', 'theanompi_ext', 'bench', 'allreduce',
@@ -123,15 +123,6 @@ def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
         subprocess.run(['ip', 'netns', 'del', ns], capture_output=True)
-
-
-def _alive(pid):
-    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
 
 
 def _cmdline(pid):
