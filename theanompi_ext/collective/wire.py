@@ -27,7 +27,7 @@ temporaries are bounded; the caller holds one 16-bit copy of the bucket.
 import numpy as np
 
 WIRE_DTYPES = ('float32', 'float16', 'bfloat16')
-#: Elements per block of a cast (bounds the cast's temporaries to ~0.5 MB).
+#: Elements per block of a cast (bounds its temporaries: under 1 MB, 13 bytes an element).
 BLOCK = 1 << 16
 
 # unit roundoff (half an ulp at 1), smallest positive subnormal, largest finite
