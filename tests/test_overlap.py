@@ -316,6 +316,8 @@ def test_bench_overlap_quick(tmp_path):
     # update (where the buckets go), every bucket inside its step.
     with open(prefix + '-shm-digits_cnn-serial.json') as f:
         trace = json.load(f)
+    with open(prefix + '-shm-digits_cnn-serial.png', 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'      # its chart, written whole
     n_steps = tl.check_trace(trace)
     assert n_steps == 2 * row['steps'] * row['reps']
     compute = [e['name'] for e in trace['traceEvents'] if e['ph'] == 'X' and e['pid'] == 0

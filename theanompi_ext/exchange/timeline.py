@@ -56,10 +56,12 @@ A Gantt chart (matplotlib, Agg backend): one row per rank and lane, the
 last few steps, phases, chunks and buckets coloured; the title gives the
 median exposed communication.
 """
+import io
 import json
 
 import numpy as np
-from ..atomic import write_json, write_figure
+
+from ..atomic import write_atomic, write_json
 
 COMPUTE_TID, COMM_TID, COPY_TID = 0, 1, 2
 LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm', COPY_TID: 'copy'}
@@ -213,8 +215,11 @@ def write_trace(trace, prefix, png=True):
     paths = [prefix + '.json']
     write_json(paths[0], trace, 'the timeline')
     if png:
-        paths.append(prefix + '.png')
-        plot_trace(trace, paths[1])
+        buf = io.BytesIO()
+        plot_trace(trace, buf)
+        if buf.getvalue():           # nothing is drawn without a whole step
+            paths.append(prefix + '.png')
+            write_atomic(paths[1], buf.getvalue(), 'the timeline chart')
     return paths
 
 
@@ -317,7 +322,8 @@ def check_trace(trace, slack_us=1.0):
 
 
 def plot_trace(trace, path, last_steps=3):
-    """Gantt-like PNG of the last ``last_steps`` steps of every rank."""
+    """Gantt-like PNG of the last ``last_steps`` steps of every rank, saved to
+    ``path`` (a file name or a binary file: the writers render it into memory)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -362,5 +368,5 @@ def plot_trace(trace, path, last_steps=3):
                  '(forward blue, backward chunks cyan, buckets orange, wait red)'
                  % (len(steps), med / 1e3), fontsize=9)
     fig.tight_layout()
-    write_figure(fig, path, 'the timeline chart', dpi=110)
+    fig.savefig(path, format='png', dpi=110)
     plt.close(fig)
