@@ -7,7 +7,7 @@ with state ``running``, ``done 0`` or ``failed N``. The launcher maps the PID
 that mpiexec reports for a killed process back to its rank, and notices ranks
 that vanished without finishing.
 
-The folder is ``$TMPDIR/theanompi-ext-ranks-<launcher pid>-XXXX``
+The folder is ``$TMPDIR/theanompi-ext-ranks-<launcher pid>-<random suffix>``
 (:func:`make_ranks_folder`). A launcher removes its own when the job ends;
 one that was SIGKILLed cannot, so every launcher first removes those of
 launchers that no longer run (:func:`remove_stale_ranks_folders`).
