@@ -219,7 +219,7 @@ def _exchanger(n_params=3):
     buckets = plan_buckets([4] * n_params, n_params, cap_mb=16 / 2 ** 20,
                            first_cap_mb=16 / 2 ** 20)
     comm = Recording()
-    return KnSumExchanger(comm, buckets, 4 * n_params, local_scale=1), comm
+    return KnSumExchanger(comm, buckets, 4 * n_params), comm
 
 
 def test_finish_refuses_a_plan_not_all_started():

@@ -200,7 +200,8 @@ class Built(Exception):
 @pytest.fixture
 def stop_after_assembly(monkeypatch):
     """Record every assemble_step call of the trainer and the contract stepper."""
-    from theanompi_ext.train import assemble, trainer
+    from theanompi_ext.step import assemble
+    from theanompi_ext.train import trainer
     from theanompi_ext.theanompi_compat import stepper
     calls = []
 
@@ -242,7 +243,7 @@ def contract_parts(calls, comm, sync_type='kn', overlap=False, **options):
 ])
 def test_trainer_and_contract_agree_on_the_same_tuple(stop_after_assembly, trainer_kw,
                                                       contract_kw):
-    from theanompi_ext.train.assemble import Agreed
+    from theanompi_ext.step.assemble import Agreed
     comm_t, comm_c = Recording(), Recording()
     t = trainer_parts(stop_after_assembly, comm_t, **trainer_kw)
     c = contract_parts(stop_after_assembly, comm_c, **contract_kw)
@@ -275,7 +276,7 @@ def test_assembly_parts_and_exchanged_entries(stop_after_assembly):
                                          ('exch_strategy', 'ar-overlap')])
 def test_a_rank_that_differs_in_the_agreed_tuple_is_refused_on_both_paths(
         stop_after_assembly, field, other):
-    from theanompi_ext.train.assemble import Agreed, RankMismatchError
+    from theanompi_ext.step.assemble import Agreed, RankMismatchError
     mine = Agreed('kn', 'ar', False, 'float32')
     theirs = tuple(other if f == field else getattr(mine, f) for f in Agreed._fields)
     with pytest.raises(RankMismatchError, match='bucket plans differ across ranks'):

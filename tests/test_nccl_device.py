@@ -21,7 +21,7 @@ from theanompi_ext.collective.nccl import NCCLCommunicator
 from theanompi_ext.collective.pygpu_stream import context_stream
 from theanompi_ext.errors import DeviceError, DeviceErrorOnRanks
 from theanompi_ext.exchange.nccl_device import DeviceNCCLExchanger, cuda_ordinal, nccl_exchanger
-from theanompi_ext.train.device_step import exchange_choice
+from theanompi_ext.step.device import exchange_choice
 
 BASE = 0x7f0000000000     # the flat gradient's device address
 COMPUTE = 0xC0FFEE        # pygpu's context stream

@@ -59,7 +59,7 @@ def test_start_ready_starts_buckets_in_plan_order_once_complete():
     # 4-entry tensors, 16-byte caps: one parameter per bucket
     buckets = plan_buckets([4, 4, 4, 4], 3, cap_mb=16 / 2 ** 20, first_cap_mb=16 / 2 ** 20)
     comm = Recording()
-    ex = KnSumExchanger(comm, buckets, 12, local_scale=2)
+    ex = KnSumExchanger(comm, buckets, 12)
     grads = np.ones(16, np.float32)
     ex.start_ready(0, grads)
     assert comm.started == []
@@ -69,7 +69,7 @@ def test_start_ready_starts_buckets_in_plan_order_once_complete():
     ex.start_ready(4, grads)                  # past the exchanged prefix: the last one
     assert comm.started == ['bucket0', 'bucket1', 'bucket2']
     ex.finish(grads)
-    np.testing.assert_array_equal(grads, [1] * 12 + [2] * 4)   # local tail x k
+    np.testing.assert_array_equal(grads, [1] * 16)   # the local tail is the update's
     ex.start_ready(1, grads)                  # the next step starts again at bucket 0
     assert comm.started[-1] == 'bucket0'
 

@@ -73,11 +73,13 @@ def raised_on_all_ranks(exc):
 # -- training (train/, theanompi_compat/) ------------------------------------------
 
 class NonFiniteLoss(AllRanks, FloatingPointError):
-    """The summed loss became NaN or infinite; training stopped (on every rank)."""
+    """The summed loss became NaN or infinite, or a rank's gradient did; training
+    stopped before the update (on every rank). The one error of a non-finite
+    step, whichever face runs it (``theanompi_ext.step.run``)."""
 
 
-class NonFiniteStep(AllRanks, FloatingPointError):
-    """A rank saw a non-finite loss or gradient (raised on every rank, before the update)."""
+#: The name the Theano-MPI stepper raised before the step was written once.
+NonFiniteStep = NonFiniteLoss
 
 
 class RankMismatchError(AllRanks, BadInput):

@@ -61,7 +61,7 @@ def openable_devices():
 
 def device_rows():
     """pygpu, the devices it opens, and per exchange path whether it works."""
-    from .train.device_step import nccl_unavailable
+    from .step.device import nccl_unavailable
     version, ok, failed = openable_devices()
     rows = [('pygpu', version or 'no')]
     rows.append(('devices', ', '.join(['cpu'] + ok)))

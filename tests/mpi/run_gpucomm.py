@@ -72,7 +72,7 @@ def main():
                        ('host', exchange_communicator(world))):
         assert isinstance(comm, GpuCommExchange) == (path == 'gpucomm'), comm
         g = grad(rank)
-        KnSumExchanger(comm, plan, 1000, local_scale=1).reduce(g)
+        KnSumExchanger(comm, plan, 1000).reduce(g)
         stats = np.array([rank + 1.0], np.float32)
         comm.allreduce(stats)                     # host MPI on both paths
         assert stats[0] == k * (k + 1) / 2, stats

@@ -14,7 +14,7 @@ from theanompi_ext.collective.mpi import MPICommunicator
 from theanompi_ext.params import ParamLayout
 from theanompi_ext.buckets.plan import plan_buckets
 from theanompi_ext.exchange.knsum import KnSumExchanger
-from theanompi_ext.exchange.rules import make_rule
+from theanompi_ext.update.rules import make_rule
 
 
 def main():
@@ -27,13 +27,15 @@ def main():
     tags = [frozenset({'trainable'}), frozenset({'trainable', 'bias'}),
             frozenset({'trainable', 'bn_affine'})]
     opts = SimpleNamespace(weight_decay=0.01, momentum=0.9, momentum_form='eq9', nesterov=False)
-    exch = KnSumExchanger(comm, plan_buckets(layout.sizes, 2), layout.offsets[2], comm.size)
-    rule = make_rule(sys.argv[1], comm, layout, 2, tags, exch, opts)
+    exch = KnSumExchanger(comm, plan_buckets(layout.sizes, 2), layout.offsets[2])
+    rule = make_rule(sys.argv[1], comm, layout, layout.offsets[2], tags, opts, comm.size)
     w = np.array([1.0, 2.0, 0.5, 1.0], np.float32)
     steps = []
     for _ in range(2):
         g = np.array(grads[comm.rank], np.float32)
-        rule.step(w, g, 0.1)
+        if rule.exchanges_gradient:          # as the step does (step/run.py)
+            exch.reduce(g)
+        rule.update(w, g, 0.1)
         steps.append(w.tolist())
     everything = comm.allgather(steps)
     if comm.rank == 0:

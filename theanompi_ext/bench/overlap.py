@@ -330,9 +330,9 @@ def synthetic_dataset(shape, n_examples, n_classes=10, seed=0):
 def compute_step(trainer, x, y, lr):
     """Forward + backward + update of ``trainer``, without any exchange."""
     trainer.backward.run(x, y, trainer.grads, trainer.layout)
-    # reduced=True: the rule's update alone (a device rule reads no host values)
-    values = None if hasattr(trainer, 'device_grads') else trainer.params.values
-    trainer.rule.step(values, trainer.grads, lr, reduced=True)
+    # the rule's update alone (a device rule reads no host values)
+    values = None if trainer.device_grads is not None else trainer.params.values
+    trainer.rule.update(values, trainer.grads, lr)
     trainer.params.push()
 
 
@@ -383,21 +383,15 @@ def _trainer_pair(comm, name, spec, data):
     for strategy in ('ar', 'ar-overlap'):
         net = build_model(name, tuple(spec['input_shape']), data.n_classes, seed=0)
         trainers[strategy] = Trainer(net, data, TrainConfig(exch_strategy=strategy, **opts),
-                                     comm, log=lambda *a, **kw: None)
-    serial, overlap = trainers['ar'], trainers['ar-overlap']
-    if spec.get('max_chunks'):
-        from ..backward.chunked import ChunkedBackward
-        from ..train.assemble import compile_in_turn
-        overlap.backward = compile_in_turn(comm, lambda: ChunkedBackward(
-            overlap.net, overlap.params.vars, 1.0 / overlap.total_batch,
-            max_chunks=spec['max_chunks'], device_io=hasattr(serial, 'device_grads')))
-    return serial, overlap
+                                     comm, log=lambda *a, **kw: None,
+                                     max_chunks=spec.get('max_chunks') or None)
+    return trainers['ar'], trainers['ar-overlap']
 
 
 def _mode_steps(serial, overlap, x, y):
     """``{mode: one step of it}`` for :data:`MODES`."""
     lr = np.float32(0.001)
-    if hasattr(serial, 'device_grads'):
+    if serial.device_grads is not None:
         from ..engine import device_zeros
         zeros = device_zeros(serial.layout.total)
     else:
@@ -414,7 +408,7 @@ def _mode_steps(serial, overlap, x, y):
 def _extra_bytes(overlap):
     """Memory the overlapped exchange adds: the host staging buffer on a device,
     else the bucket buffers that are not views of the gradients."""
-    if hasattr(overlap, 'device_grads'):
+    if overlap.device_grads is not None:
         return overlap.exchanger.host.nbytes
     grads = overlap.grads
     return sum(h.buf.nbytes for h in overlap.exchanger.last_handles

@@ -1,13 +1,9 @@
-"""Exchange: what the ranks communicate each step, and the update rule around it.
+"""Exchange: the kn-sum of the gradient buckets across ranks (serial or started
+during backprop), on the host or for device buffers, and its timeline.
 
-``kn``   (new) each worker's loss over kn, gradients allreduce-summed in
-         buckets, one global momentum-SGD update (optionally overlapped
-         with backprop).
-``avg``  (Theano-MPI) local SGD step, then parameters averaged.
-``cdd``  (Theano-MPI) local momentum over n, momenta summed, w -= lr*sum/k.
-
-:func:`make_rule` builds one by ``sync_type``; :class:`BSP_Exchanger`
-is the Theano-MPI-shaped front door.
+The vocabulary of modes (``sync_type`` x ``exch_strategy`` x wire) is
+:mod:`.modes`; the rules' updates (kn, avg, cdd) are in
+:mod:`theanompi_ext.update.rules`; the step that starts and finishes an
+exchange is :mod:`theanompi_ext.step`.
 """
-from .rules import make_rule  # noqa: F401
 from .modes import SYNC_TYPES, EXCH_STRATEGIES, check_mode  # noqa: F401

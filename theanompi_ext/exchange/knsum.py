@@ -9,8 +9,6 @@ other ranks would wait for it.
 """
 import contextlib
 
-import numpy as np
-
 from ..collective.base import check_wire, drain, wait_all
 from ..errors import IncompleteExchange
 
@@ -18,15 +16,14 @@ from ..errors import IncompleteExchange
 class KnSumExchanger(object):
     """Sums each bucket of the flat gradient across ranks.
 
-    The local tail of the gradient (parameters not exchanged) is multiplied
-    by ``local_scale`` = k, turning a kn-normalised local gradient into the
-    worker's own n-mean (see :mod:`theanompi_ext.update.policy`).
+    Only the exchanged prefix of the gradient (``n_exchanged_entries``) is
+    touched; the local tail is the update's (:mod:`theanompi_ext.update.policy`).
     ``wire``: what the buckets travel as (``float32``, ``float16``,
     ``bfloat16``; summed in float32 either way, see collective/wire.py);
     a backend that cannot send it is refused here, by name.
     """
 
-    def __init__(self, comm, buckets, n_exchanged_entries, local_scale, wire='float32'):
+    def __init__(self, comm, buckets, n_exchanged_entries, wire='float32'):
         if wire != 'float32':
             check_wire(comm, wire)
         # Only a 16-bit wire is passed on: float32 keeps the plain call.
@@ -35,7 +32,6 @@ class KnSumExchanger(object):
         self.comm = comm
         self.buckets = buckets
         self.n_exch = n_exchanged_entries
-        self.local_scale = np.float32(local_scale)
         self._started = []       # this step's (bucket index, handle), in start order
         self._next = 0           # next bucket for start_ready
         self.last_handles = []   # the last finished step's handles (for the timeline)
@@ -82,12 +78,9 @@ class KnSumExchanger(object):
         return started
 
     def finish(self, grads):
-        """Wait for every bucket of the plan (refused unless all were started);
-        rescale the local tail."""
+        """Wait for every bucket of the plan (refused unless all were started)."""
         started = self._take()
         wait_all([h for _, h in started])
-        if self.local_scale != 1 and self.n_exch < grads.size:
-            grads[self.n_exch:] *= self.local_scale
         return self.last_handles
 
     def drain(self):

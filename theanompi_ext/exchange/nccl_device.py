@@ -56,7 +56,7 @@ class DeviceNCCLExchanger(KnSumExchanger):
     path = 'NCCL'
 
     def __init__(self, comm, buckets, n_exchanged_entries):
-        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries, local_scale=1)
+        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries)
         if comm.compute_stream is None:
             raise ValueError('DeviceNCCLExchanger needs an NCCLCommunicator built with '
                              'compute_stream= (the stream the gradients are computed on)')

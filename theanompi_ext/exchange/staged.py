@@ -25,7 +25,7 @@ class HostStagedExchanger(KnSumExchanger):
     path = 'host-staged MPI'
 
     def __init__(self, comm, buckets, n_exchanged_entries):
-        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries, local_scale=1)
+        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries)
         self.host = np.zeros(n_exchanged_entries, np.float32)
         self._copies = []
         self.copies = []     # the last finished step's (name, t0, t1, nbytes)

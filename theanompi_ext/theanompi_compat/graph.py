@@ -51,6 +51,34 @@ class GradientFunction(object):
         return cost, error, res[self.n_out:]
 
 
+class ContractBackward(object):
+    """A :class:`GradientFunction` with the backward interface the step runs
+    (:class:`~theanompi_ext.step.run.Step`): ``run(subb, None, grads, layout)``
+    fills the flat gradient with the model's gradients times ``1/k`` (the
+    loss over kn) and returns (cost, error) of this worker; error 0 when the
+    model has none (:attr:`has_error`).
+    """
+
+    def __init__(self, gradfn, k, on_device):
+        self.gradfn, self.on_device = gradfn, bool(on_device)
+        self.inv_k = np.float32(1.0 / k)
+        self.has_error = gradfn.has_error
+
+    def run(self, subb, y, grads, layout, on_chunk=None):
+        """Gradients of sub-batch ``subb`` into ``grads`` (``y`` is unused: the
+        batch is in the model's shared variables)."""
+        cost, error, gvals = self.gradfn(subb)
+        for i, g in enumerate(gvals):
+            if self.on_device:       # already times 1/k; a copy on the device
+                layout.view(grads, i)[...] = g
+                continue
+            np.multiply(np.asarray(g, np.float32).reshape(-1), self.inv_k,
+                        out=grads[layout.slice(i)])
+        if on_chunk is not None:
+            on_chunk(0, len(layout))
+        return cost, (error if self.has_error else 0.0)
+
+
 class ContractGraph(object):
     """A contract model's own symbolic graph, as the chunked backward reads it.
 
@@ -101,7 +129,8 @@ class ContractGraph(object):
         self.inputs = list(self.model_feed.inputs)
         self.data_roots += self.inputs
         self.loss_sum = cost
-        self.err_sum = outs[1] if self.has_error else T.constant(np.float32(np.nan))
+        # No error output: 0 in the loss statistics (the stepper reports NaN).
+        self.err_sum = outs[1] if self.has_error else T.constant(np.float32(0))
         self.scale = shared(np.float32(loss_scale), name='loss_scale')
         self.cost = cost * self.scale
         self.stat_updates = []

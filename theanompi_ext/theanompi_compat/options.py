@@ -28,6 +28,11 @@ OPTION_DEFAULTS = {
     'max_steps': (0, int),             # 0: whole epochs (tests use a few steps)
     'out': ('', str),                  # rank 0 writes params.npz, summary.json, record, snapshots
     'snapshot_freq': (5, int),         # epochs between HDF5 snapshots in OUT/snapshots (0: none)
+    # As the trainer's (train --collective-timeout-s ...): a wait inside a step this
+    # long aborts every rank, this long logs who has not arrived (0: never).
+    'collective_timeout_s': (30.0, float),
+    'stall_warn_s': (10.0, float),
+    'timeline': ('', str),             # PREFIX: rank 0 writes PREFIX.json/.png (per-step lanes)
 }
 ENV_PREFIX = 'THEANOMPI_EXT_'
 

@@ -27,10 +27,13 @@ gradient values. Decision (see ``docs/migrating-from-theano-mpi.md``):
   times ``1/k`` is the gradient of the loss normalised by kn (the same
   number as dividing the loss by kn).
 
-:class:`ContractStepper` then runs the flat exchange of this project on
-those gradients, assembled as the trainer's is (:mod:`theanompi_ext.train.assemble`:
-ParamSet in ``flat_order``, the checks across ranks, :class:`KnSumExchanger`,
-:func:`make_rule` (``kn``, ``avg`` or ``cdd``) and :class:`Schedule`).
+:class:`ContractStepper` then runs the trainer's step on those gradients
+(:mod:`theanompi_ext.step`): assembled as the trainer's is (ParamSet in
+``flat_order``, the checks across ranks, the exchanger, the rule ``kn``,
+``avg`` or ``cdd``, host or device parts chosen once) and run by the same
+:class:`~theanompi_ext.step.run.Step`: the watchdog armed per iteration
+(``collective_timeout_s``, ``stall_warn_s``), one finiteness rule and
+error class, the timeline (option ``timeline``).
 It is shared by :mod:`theanompi_ext.theanompi_compat.worker` (our worker) and
 :mod:`theanompi_ext.theanompi_compat.exchanger` (inside Theano-MPI).
 """
@@ -38,18 +41,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..collective.watchdog import watch
 from ..exchange.modes import OVERLAP, SERIAL
-from ..train.assemble import assemble_step, compile_in_turn, make_schedule
-from .graph import ContractGraph, GradientFunction
+from ..step.assemble import assemble_step, compile_in_turn, make_schedule
+from ..step.run import Step
+from .graph import ContractBackward, ContractGraph, GradientFunction
 from .options import resolve_options
 from .tags import contract_tags
-from ..errors import NonFiniteStep
 
 
 def contract_settings(opts, sync_type, overlap):
     """The options of a contract run (:func:`~.options.resolve_options`) under
     :class:`~theanompi_ext.train.config.TrainConfig`'s names, as
-    :mod:`theanompi_ext.train.assemble` reads them.
+    :mod:`theanompi_ext.step.assemble` reads them.
 
     The model decays its own rate (``shared_lr``, see :meth:`ContractStepper.lr`):
     our schedule has no decay epochs.
@@ -70,26 +74,22 @@ class ContractStepper(object):
     """
 
     def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False):
-        self.model, self.comm, self.sync_type = model, comm, sync_type
         self.opts = opts = options if options is not None else resolve_options(model)
+        # Waits inside a step are bounded and reported, as the trainer's (docs/faults.md).
+        comm = watch(comm, opts['collective_timeout_s'], opts['stall_warn_s'])
+        self.model, self.comm, self.sync_type = model, comm, sync_type
         self.k = k = comm.size
         self.overlap = bool(overlap)
         settings = contract_settings(opts, sync_type, self.overlap)
         # Theano-MPI models reuse names ('W', 'b') in every layer: prefix the model index.
         names = ['%03d_%s' % (i, p.name or 'param') for i, p in enumerate(model.params)]
-        # order, params, layout, n_exch, buckets, exchanger, rule, ... (train/assemble.py)
-        assemble_step(comm, model.params, contract_tags(model), settings, k,
-                      names=names).install(self)
-        from ..engine import on_device     # Theano is loaded by now (the model)
-        self.exchange_path = 'host MPI'
-        self.on_device = on_device()
-        if self.on_device:
-            # The trainer's device step: the model's shared variables become views
-            # of a flat device vector, a flat device gradient, host-staged exchange,
-            # the compiled device update (train/device_step.py).
-            from ..train.device_step import install
-            self.cfg = settings          # what install reads the update's options from
-            install(self, 'auto')
+        # order, params, layout, n_exch, buckets, exchanger, rule, ... on the host or
+        # the device: the model's shared variables become views of a flat device
+        # vector there (step/assemble.py)
+        parts = assemble_step(comm, model.params, contract_tags(model), settings, k,
+                              names=names)
+        parts.install(self)
+        self.on_device = parts.device_grads is not None
         # On the host the master copy undoes whatever the model's own train
         # function did; on a device only a model without load_train_batch (whose
         # train_iter steps) needs it, the others' parameters are not touched.
@@ -110,14 +110,26 @@ class ContractStepper(object):
             self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
                 None, self.params.vars, 1.0 / k,
                 graph=ContractGraph(model, 1.0 / k, feed=self.feed), device_io=self.on_device))
-            self.gradfn = None
         else:
             scale = 1.0 / k if self.on_device else None
-            self.gradfn = compile_in_turn(comm, lambda: GradientFunction(
-                model, self.order, self.feed, device_scale=scale))
+            self.backward = ContractBackward(compile_in_turn(comm, lambda: GradientFunction(
+                model, self.order, self.feed, device_scale=scale)), k, self.on_device)
+        self.has_error = self.backward.graph.has_error if self.overlap \
+            else self.backward.has_error
+        timeline = None
+        if opts.get('timeline'):
+            from ..exchange.timeline import Timeline
+            timeline = Timeline(comm.rank)
+        self._step = Step(comm, parts, self.backward, self.overlap, self.iters_per_epoch,
+                          timeline)
         self.master = self.params.values.copy()
-        self._stats = np.zeros(2, np.float32)
         self.iteration = 0
+
+    @property
+    def timeline(self):
+        """The step's :class:`~theanompi_ext.exchange.timeline.Timeline` (None: option
+        ``timeline`` not set)."""
+        return self._step.timeline
 
     def rebind(self):
         """Point every shared variable at its view of the flat vector again.
@@ -163,48 +175,22 @@ class ContractStepper(object):
         return self.schedule.lr(self.iteration) * mult
 
     def step(self, subb=0):
-        """Gradients on sub-batch ``subb`` of the loaded batch, exchange, update.
+        """Gradients on sub-batch ``subb`` of the loaded batch, exchange, update
+        (:meth:`Step.run <theanompi_ext.step.run.Step.run>`).
 
         Returns (cost, error, lr); ``cost``/``error`` are this worker's (the
-        model's per-n means).
+        model's per-n means; error NaN when the model has none).
         """
         self.restore()
-        if self.overlap:
-            with self.exchanger.settling():      # an error waits for the started buckets first
-                cost, error = self.backward.run(
-                    subb, None, self.grads, self.layout, self.exchanger.chunk_hook(self.grads))
-                # A non-finite gradient anywhere makes every rank's sum non-finite.
-                self.exchanger.finish(self.grads)
-            if not self.backward.graph.has_error:
-                error = float('nan')
-        else:
-            cost, error, gvals = self.gradfn(subb)
-            inv_k = np.float32(1.0 / self.k)
-            for i, g in enumerate(gvals):
-                if self.on_device:       # already times 1/k; a copy on the device
-                    self.layout.view(self.grads, i)[...] = g
-                    continue
-                np.multiply(np.asarray(g, np.float32).reshape(-1), inv_k,
-                            out=self.grads[self.layout.slice(i)])
-        self._stats[...] = (cost, 0.0 if not np.isfinite(error) else error)
-        # On a device the gradient stays there: the loss is checked (as the trainer does).
-        finite = np.array([1.0 if np.isfinite(cost) and
-                           (self.on_device or np.all(np.isfinite(self.grads))) else 0.0],
-                          np.float32)
-        self.comm.allreduce(finite)
-        if finite[0] < self.k:
-            raise NonFiniteStep('non-finite loss or gradient at iteration %d'
-                                     % self.iteration)
         lr = self.lr()
-        # (the device rule reads no host values: the update runs there)
-        self.rule.step(None if self.on_device else self.params.values, self.grads, lr,
-                       reduced=self.overlap)
+        # One example-weight per rank: the global sums are sums of per-n means.
+        out = self._step.run(subb, None, lr, self.iteration, 1)
         if self.restores:
             self.master[...] = self.params.values
         if not self.on_device:
             self.rebind()
         self.iteration += 1
-        return cost, error, lr
+        return out.local_loss, (out.local_err if self.has_error else float('nan')), lr
 
     def state_dict(self):
         """name -> parameter copy (flat-layout names)."""

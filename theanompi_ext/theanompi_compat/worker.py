@@ -146,6 +146,11 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
                    iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
                    history=history, options={k: v for k, v in opts.items()})
+    if stepper.timeline is not None:
+        trace = stepper.timeline.gather(comm)          # every rank takes part
+        if rank == 0:
+            from ..exchange.timeline import write_trace
+            write_trace(trace, opts['timeline'])
     if rank == 0 and opts['out']:
         write_final(opts['out'], summary, stepper.state_dict())
     log('summary: %d ranks, %d iterations in %.1fs' % (size, stepper.iteration,
@@ -157,7 +162,7 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
 
 def _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices):
     """The user's model, built and compiled on this rank (rank 0 first)."""
-    from ..train.assemble import compile_in_turn
+    from ..step.assemble import compile_in_turn
     rank, size = comm.rank, comm.size
     # The engine is configured (run: open_on_every_rank): a model module that
     # imports Theano itself finds it on this rank's device (a user's .theanorc

@@ -130,7 +130,7 @@ class TrainConfig(object):
 
     def _check_update_and_exchange(self):
         from ..collective.registry import backend_names, host_backends
-        from .device_step import EXCHANGE_PATHS
+        from ..step.device import EXCHANGE_PATHS
         bad = self._bad
         if self.momentum_form not in FORMS:
             bad('momentum_form', 'choose from %s' % (FORMS,))

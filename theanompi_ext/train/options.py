@@ -148,7 +148,7 @@ def _choices():
     from ..update.momentum import FORMS
     from ..update.schedule import WARMUPS
     from .config import WIRE_DTYPES
-    from .device_step import EXCHANGE_PATHS
+    from ..step.device import EXCHANGE_PATHS
     from ..collective.registry import host_backends
     return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,

@@ -15,19 +15,20 @@ from ..data import shards
 from ..collective.watchdog import watch
 from ..engine import on_device
 from ..exchange.modes import OVERLAP
+from ..step.assemble import assemble_step, compile_in_turn, make_schedule
+from ..step.run import Step
 from . import faults, replicas
-from ..errors import NonFiniteLoss
-from .assemble import assemble_step, compile_in_turn, make_schedule
 
 
 class Trainer(object):
     """Trains ``net`` on ``dataset`` with the options ``cfg`` over ``comm``.
 
     ``bn_groups`` > 1 is for single-process references that emulate k
-    workers (BN statistics per group of n).
+    workers (BN statistics per group of n). ``max_chunks`` caps the
+    overlapped backward's chunks (benchmarks; None: one per layer).
     """
 
-    def __init__(self, net, dataset, cfg, comm, bn_groups=1, log=print):
+    def __init__(self, net, dataset, cfg, comm, bn_groups=1, log=print, max_chunks=None):
         cfg = cfg.validate()      # a checked copy: the caller's cfg stays as it is
         # Waits inside a step are bounded and reported (docs/faults.md).
         comm = watch(comm, cfg.collective_timeout_s, cfg.stall_warn_s)
@@ -40,24 +41,34 @@ class Trainer(object):
         self.local_batch = n * bn_groups
         self.total_batch = k * self.local_batch
         params = net.params
-        # params, layout, n_exch, buckets, exchanger, rule, ... (train/assemble.py)
-        assemble_step(comm, params, [tags_of(p) for p in params], cfg, k * bn_groups,
-                      names=[p.name for p in params]).install(self)
+        # params, layout, n_exch, buckets, exchanger, rule, ... on the host or
+        # the device (step/assemble.py)
+        parts = assemble_step(comm, params, [tags_of(p) for p in params], cfg, k * bn_groups,
+                              names=[p.name for p in params])
+        parts.install(self)
+        self.max_chunks = max_chunks
         self.backward = compile_in_turn(comm, lambda: self._build_backward(bn_groups))
-        self.exchange_path = 'host MPI'
-        if on_device():
-            from .device_step import install      # device buffers, same interfaces
-            install(self, cfg.exchange_path)
         self.iters_per_epoch = shards.iterations_per_epoch(len(dataset.y_train), k * bn_groups, n)
         self.schedule = make_schedule(cfg, self.total_batch, self.iters_per_epoch, cfg.epochs,
                                       workers=k * bn_groups)
         self.iteration = 0
+        self._step = Step(comm, parts, self.backward, cfg.exch_strategy == OVERLAP,
+                          self.iters_per_epoch)
         self.timeline = self.make_timeline() if cfg.timeline else None
-        self._stats = np.zeros(3, np.float32)
         self._evaluator = None
         self.history = []
 
     # -- construction --------------------------------------------------------
+    @property
+    def timeline(self):
+        """The :class:`~theanompi_ext.exchange.timeline.Timeline` the step records
+        into (None: none kept)."""
+        return self._step.timeline
+
+    @timeline.setter
+    def timeline(self, timeline):
+        self._step.timeline = timeline
+
     def make_timeline(self):
         """A :class:`~theanompi_ext.exchange.timeline.Timeline` of this rank whose
         trace carries each backward chunk's exchanged gradient sizes (what
@@ -75,7 +86,7 @@ class Trainer(object):
         if self.cfg.exch_strategy == OVERLAP:
             from ..backward.chunked import ChunkedBackward
             return ChunkedBackward(self.net, self.params.vars, scale, bn_groups,
-                                   device_io=on_device())
+                                   device_io=on_device(), max_chunks=self.max_chunks)
         return MonolithicBackward(self.net, self.params.vars, scale, bn_groups,
                                   device_io=on_device())
 
@@ -87,40 +98,14 @@ class Trainer(object):
         return shards.global_indices(perm, it_in_epoch, self.total_batch // self.n, self.n)
 
     def step(self, x, y):
-        """One synchronous SGD step on this rank's batch; returns global (loss, err) means."""
-        clock = time.perf_counter
-        t_begin = clock()
-        self.comm.arm(self.iteration)
+        """One synchronous SGD step on this rank's batch (:class:`~theanompi_ext.step.run.Step`);
+        returns global (loss, err) means and the rate."""
         lr = self.schedule.lr(self.iteration)
-        overlapped = self.cfg.exch_strategy == OVERLAP
-        on_chunk = self.exchanger.chunk_hook(self.grads) if overlapped else None
-        with self.exchanger.settling():      # an error waits for the started buckets first
-            loss, err = self.backward.run(x, y, self.grads, self.layout, on_chunk)
-            t_backward = clock()
-            self._stats[...] = (loss, err, len(y))
-            self.comm.allreduce(self._stats, label='loss stats')
-            t_stats = clock()
-            if not np.all(np.isfinite(self._stats)):
-                raise NonFiniteLoss('non-finite loss (%r) at iteration %d (epoch %d); training '
-                                    'stopped before the update'
-                                    % (float(self._stats[0]), self.iteration,
-                                       self.iteration // self.iters_per_epoch))
-            if overlapped:
-                self.exchanger.finish(self.grads)
-        t_wait = clock()
-        self.rule.step(self.params.values, self.grads, lr, reduced=overlapped)
-        # Waited for the exchange: the loss allreduce and the buckets' finish;
-        # without overlap the rule's blocking exchange (and its update) too.
-        self.exchange_wait_s = (t_wait if overlapped else clock()) - t_backward
-        self.params.push()
-        if self.timeline is not None:
-            self.timeline.record_train_step(
-                self.iteration, (t_begin, t_backward, t_stats, t_wait, clock()),
-                getattr(self.backward, 'times', None), self.exchanger.last_handles, overlapped,
-                copies=getattr(self.exchanger, 'copies', ()))
-        self.comm.disarm()
+        out = self._step.run(x, y, lr, self.iteration, len(y))
+        self.exchange_wait_s = out.exchange_wait_s
         self.iteration += 1
-        return self._stats[0] / self._stats[2], self._stats[1] / self._stats[2], lr
+        return np.float32(out.loss_sum) / np.float32(out.count), \
+            np.float32(out.err_sum) / np.float32(out.count), lr
 
     # -- epochs -------------------------------------------------------------
     def evaluate(self, batch=256):

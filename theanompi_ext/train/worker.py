@@ -25,7 +25,7 @@ def run(cfg, comm=None, log=print):
     comm = comm or create_communicator(cfg.backend)
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
     if dev != 'cpu':
-        from .device_step import choose_exchange_path
+        from ..step.device import choose_exchange_path
         choose_exchange_path(cfg.exchange_path, dev, comm)   # NCCL asked for where it cannot run
     lock = prepare_outputs(cfg, comm)
     try:

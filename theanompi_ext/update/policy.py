@@ -34,3 +34,27 @@ def decay_vector(layout, tags, weight_decay):
 def local_gradient_scale(workers):
     """Factor turning a kn-normalised local gradient into the worker's n-mean."""
     return float(workers)
+
+
+def scale_local_tail(grads, n_exchanged, scale):
+    """Multiply the local (not exchanged) tail ``grads[n_exchanged:]`` by ``scale``, in place.
+
+    The flat layout puts exchanged entries first; what follows is updated
+    from this worker's own gradient, which the kn-normalised loss made
+    ``scale`` (= k, see :func:`local_gradient_scale`) times too small.
+    Returns ``grads``.
+    """
+    scale = np.float32(scale)
+    if scale != 1 and n_exchanged < grads.size:
+        grads[n_exchanged:] *= scale
+    return grads
+
+
+def local_scale_vector(size, n_exchanged, scale):
+    """The per-entry form of :func:`scale_local_tail`: 1 on the exchanged
+    prefix, ``scale`` on the local tail (the device update multiplies by it)."""
+    if not 0 <= n_exchanged <= size:
+        raise ValueError('%d exchanged entries of %d' % (n_exchanged, size))
+    vec = np.ones(size, np.float32)
+    vec[n_exchanged:] = np.float32(scale)
+    return vec

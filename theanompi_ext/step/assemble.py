@@ -10,12 +10,16 @@ this order on every rank:
 4. the number of exchanged entries (:func:`~theanompi_ext.buckets.plan.exchanged_entries`);
 5. the bucket plan;
 6. the plan and the :class:`Agreed` settings checked across ranks;
-7. the exchanger (:class:`~theanompi_ext.exchange.knsum.KnSumExchanger`);
-8. the rule (``kn``, ``avg``, ``cdd``);
+7. the exchanger and 8. the rule (``kn``, ``avg``, ``cdd``): on the host a
+   :class:`~theanompi_ext.exchange.knsum.KnSumExchanger` and
+   :func:`~theanompi_ext.update.rules.make_rule`; when Theano computes on a
+   device, the device parts of :func:`~theanompi_ext.step.device.device_parts`
+   (chosen here, once: nothing is replaced afterwards);
 
 and 9. the schedule (:func:`make_schedule`), once the caller knows its epoch
 length. Steps 3 and 6 are collectives: every rank raises the same
-:class:`RankMismatchError` on a mismatch, so none is left waiting.
+:class:`RankMismatchError` on a mismatch, so none is left waiting. The
+step itself runs in :mod:`theanompi_ext.step.run`.
 
 ``settings`` is a :class:`~theanompi_ext.train.config.TrainConfig` (the
 trainer) or :func:`theanompi_ext.theanompi_compat.stepper.contract_settings`
@@ -28,7 +32,7 @@ import numpy as np
 from ..buckets.plan import check_plan_across_ranks, exchanged_entries, flat_order, plan_buckets
 from ..exchange.knsum import KnSumExchanger
 from ..exchange.modes import check_mode
-from ..exchange.rules import make_rule
+from ..update.rules import make_rule
 from ..params import ParamLayout, ParamSet
 from ..update.schedule import Schedule
 from ..errors import RankMismatchError
@@ -99,10 +103,12 @@ class StepParts(object):
 
     ``order`` (model indices in flat order), ``params``, ``layout``,
     ``n_exch_params``, ``n_exch`` (exchanged entries), ``grads`` (the flat
-    gradient), ``buckets``, ``agreed``, ``exchanger``, ``rule``.
+    gradient: a numpy vector, or on a device the flat device vector),
+    ``buckets``, ``agreed``, ``exchanger``, ``rule``, ``device_grads`` (the
+    device gradient's views, None on the host), ``exchange_path`` (in words).
     """
     NAMES = ('order', 'params', 'layout', 'n_exch_params', 'n_exch', 'grads', 'buckets',
-             'agreed', 'exchanger', 'rule')
+             'agreed', 'exchanger', 'rule', 'device_grads', 'exchange_path')
 
     def __init__(self, **parts):
         for name in self.NAMES:
@@ -119,7 +125,9 @@ def assemble_step(comm, variables, tags, settings, local_scale, names=None):
     """Steps 1-8 (module docstring) over ``comm``; returns :class:`StepParts`.
 
     ``local_scale`` multiplies the local (not exchanged) gradients: k, or
-    k x groups for a single-process reference of k workers.
+    k x groups for a single-process reference of k workers. On a device
+    (the engine's), ``settings.exchange_path`` (``auto`` when absent)
+    chooses how device buckets travel.
     """
     agreed = agreed_settings(settings)
     order, n_exch_params, params = flat_params(variables, tags, settings.exchange_bn, names)
@@ -129,13 +137,28 @@ def assemble_step(comm, variables, tags, settings, local_scale, names=None):
     buckets = plan_buckets(layout.sizes, n_exch_params, settings.bucket_cap_mb,
                            settings.first_bucket_cap_mb)
     agree_on_plan(comm, buckets, layout, agreed)
-    exchanger = KnSumExchanger(comm, buckets, n_exch, local_scale=local_scale,
-                               wire=settings.wire_dtype)
-    rule = make_rule(settings.sync_type, comm, layout, n_exch_params, params.tags, exchanger,
-                     settings)
-    return StepParts(order=order, params=params, layout=layout, n_exch_params=n_exch_params,
-                     n_exch=n_exch, grads=np.zeros(layout.total, np.float32), buckets=buckets,
-                     agreed=agreed, exchanger=exchanger, rule=rule)
+    common = dict(order=order, layout=layout, n_exch_params=n_exch_params, n_exch=n_exch,
+                  buckets=buckets, agreed=agreed)
+    if _on_device():
+        from .device import device_parts
+        dparams, dgrads, exchanger, rule, path = device_parts(
+            comm, params, buckets, n_exch, settings, local_scale,
+            getattr(settings, 'exchange_path', 'auto'))
+        return StepParts(params=dparams, grads=dgrads.flat, exchanger=exchanger, rule=rule,
+                         device_grads=dgrads, exchange_path=path, **common)
+    exchanger = KnSumExchanger(comm, buckets, n_exch, wire=settings.wire_dtype)
+    rule = make_rule(settings.sync_type, comm, layout, n_exch, params.tags, settings,
+                     local_scale)
+    return StepParts(params=params, grads=np.zeros(layout.total, np.float32),
+                     exchanger=exchanger, rule=rule, device_grads=None,
+                     exchange_path='host MPI', **common)
+
+
+def _on_device():
+    """True when the engine computes on a device (the variables are Theano's:
+    importing the engine here loads nothing new)."""
+    from ..engine import on_device
+    return on_device()
 
 
 def make_schedule(settings, total_batch, iters_per_epoch, epochs, workers):

@@ -1,36 +1,17 @@
-"""What the trainer swaps in when Theano computes on a device.
+"""The device parts of a step, chosen when the step is assembled on a device.
 
-:func:`install` replaces the trainer's host pieces by device ones with the
-same interfaces, so :meth:`Trainer.step <theanompi_ext.train.trainer.Trainer.step>`
-runs unchanged: parameters as views of a flat device vector
+When Theano computes on a device, :func:`device_parts` builds, instead of
+the host ones and with the same interfaces (so :mod:`.run` runs one step
+for both): parameters as views of a flat device vector
 (:class:`~theanompi_ext.device_params.DeviceParamSet`), the gradient as a
 flat device vector the backward fills, an exchanger for device buckets
 (:data:`EXCHANGE_PATHS`), and the kn rule with the compiled device update
 (:class:`~theanompi_ext.update.device.DeviceOptimizer`).
 """
-import numpy as np
-
 from ..errors import DeviceError, DeviceErrorOnRanks
-from ..exchange.rules import KnRule
 
 # 'auto' picks the first that works on this device.
 EXCHANGE_PATHS = ('auto', 'host-staged', 'nccl')
-
-
-class DeviceKnRule(KnRule):
-    """The kn-sum rule over device buffers: exchange (unless the overlapped
-    backward already started it), then the compiled update."""
-
-    def __init__(self, exchanger, optimizer, params):
-        super(DeviceKnRule, self).__init__(exchanger, optimizer)
-        self.params = params
-
-    def step(self, values, grads, lr, reduced=False):
-        """``values`` (the host mirror) is not read: the update runs on the device."""
-        if not reduced:
-            self.exchanger.reduce(grads)
-        self.optimizer.step(grads, lr)
-        self.params.after_update()
 
 
 def choose_exchange_path(requested, device, comm=None, probe=None):
@@ -77,33 +58,36 @@ def nccl_unavailable(device, probe=None):
     return None if ok else why
 
 
-def install(trainer, exchange_path='auto'):
-    """Swap ``trainer``'s params, gradient, exchanger and rule for device ones."""
+def device_parts(comm, host_params, buckets, n_exch, settings, local_scale,
+                 exchange_path='auto'):
+    """``(params, device_grads, exchanger, rule, exchange_path description)`` on
+    the engine's device, for the host :class:`~theanompi_ext.params.ParamSet`
+    ``host_params`` (whose ``tags`` are in flat order) and the checked plan.
+
+    Only ``sync_type=kn`` trains on a device (avg and cdd update on the host).
+    """
     from ..engine import device, device_context
     from ..exchange.nccl_device import nccl_exchanger
     from ..device_params import DeviceParamSet, DeviceGradients
     from ..exchange.staged import HostStagedExchanger
     from ..update.device import DeviceOptimizer
-    from ..update.policy import decay_vector
-    cfg, layout = trainer.cfg, trainer.layout
-    if cfg.sync_type != 'kn':
+    from ..update.policy import decay_vector, local_scale_vector
+    from ..update.rules import DeviceKnRule
+    if settings.sync_type != 'kn':
         raise DeviceError('device %s trains with sync_type=kn only (got %s; avg and cdd '
-                          'update on the host)' % (device(), cfg.sync_type))
-    path, why = exchange_choice(exchange_path, device(), trainer.comm)
-    params = DeviceParamSet(trainer.params)
+                          'update on the host)' % (device(), settings.sync_type))
+    layout = host_params.layout
+    path, why = exchange_choice(exchange_path, device(), comm)
+    params = DeviceParamSet(host_params)
     grads = DeviceGradients(layout)
     if path == 'nccl':
-        # Buckets over NCCL; trainer.comm (host) keeps the loss statistics and checks.
-        exchanger = nccl_exchanger(trainer.comm, device(), device_context(), trainer.buckets,
-                                   trainer.n_exch)
+        # Buckets over NCCL; comm (host) keeps the loss statistics and checks.
+        exchanger = nccl_exchanger(comm, device(), device_context(), buckets, n_exch)
     else:
-        exchanger = HostStagedExchanger(trainer.comm, trainer.buckets, trainer.n_exch)
-    scale = np.ones(layout.total, np.float32)
-    scale[trainer.n_exch:] = trainer.exchanger.local_scale
-    opt = DeviceOptimizer(params.flat_var, cfg.momentum, cfg.momentum_form, cfg.nesterov,
-                          decay_vector(layout, params.tags, cfg.weight_decay), scale)
-    trainer.params, trainer.grads, trainer.exchanger = params, grads.flat, exchanger
-    trainer.device_grads = grads
-    trainer.rule = DeviceKnRule(exchanger, opt, params)
-    trainer.exchange_path = '%s on %s (%s)' % (exchanger.path, device(), why)
-    return trainer
+        exchanger = HostStagedExchanger(comm, buckets, n_exch)
+    opt = DeviceOptimizer(params.flat_var, settings.momentum, settings.momentum_form,
+                          settings.nesterov, decay_vector(layout, params.tags,
+                                                         settings.weight_decay),
+                          local_scale_vector(layout.total, n_exch, local_scale))
+    rule = DeviceKnRule(opt, params)
+    return params, grads, exchanger, rule, '%s on %s (%s)' % (exchanger.path, device(), why)
