@@ -51,6 +51,19 @@ def run_mpi(nprocs, script, *args, timeout=300, env=None):
                                                         exc.stdout, exc.stderr))
 
 
+def run_alone(script, *args, timeout=300, env=None):
+    """Run tests/mpi/<script> as one plain process, no mpiexec (MPI's singleton
+    init: a world of one rank); a hang fails the test. Returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    cmd = [sys.executable, os.path.join(MPI_DIR, script)] + [str(a) for a in args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail('%s alone hung for %ss:\n%s\n%s' % (script, timeout, exc.stdout, exc.stderr))
+
+
 def run_mpi_json(nprocs, script, *args, timeout=300, env=None):
     """:func:`run_mpi` that must exit 0; returns the JSON of the last stdout line."""
     res = run_mpi(nprocs, script, *args, timeout=timeout, env=env)
