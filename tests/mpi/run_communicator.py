@@ -1,6 +1,6 @@
 """The Communicator interface on the MPI backend, plain and watched, at any world size.
 
-usage: run_communicator.py   (2 or more ranks)
+usage: run_communicator.py   (any number of ranks; alone, k = 1, without mpiexec too)
 
 Rank r holds ``data(r)``; the expected sum, max and min over ranks are
 computed here with numpy from every rank's ``data``. Every collective is
@@ -9,6 +9,7 @@ late, the others must time out (CollectiveTimeout naming the label) within
 the limit plus a margin; the late rank then finds the others' barrier and
 passes. Then handle waits with a timeout while the other ranks start late,
 in both progress modes: the timeout is honoured, a later wait gets the sum.
+Alone (k = 1) no rank is late: the barrier passes and the wait returns at once.
 Rank 0 prints one JSON line; any failed check raises (the rank exits != 0).
 """
 import json
@@ -91,7 +92,13 @@ def check_wait_timeout(comm, k):
     comm.barrier()
     buf = np.full(1000, comm.rank + 1.0, np.float32)
     waited = None
-    if comm.rank == 0:
+    if k == 1:                   # no others: the sum is there at once
+        h = comm.start_allreduce(buf, name='late partners')
+        t0 = time.monotonic()
+        h.wait(timeout=0.3)
+        waited = time.monotonic() - t0
+        assert waited < 0.3, waited
+    elif comm.rank == 0:
         h = comm.start_allreduce(buf, name='late partners')
         t0 = time.monotonic()
         try:

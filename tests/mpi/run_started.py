@@ -1,6 +1,6 @@
 """Started allreduces of several sizes through MPICommunicator, both thread waits.
 
-usage: run_started.py   (any number of ranks)
+usage: run_started.py   (any number of ranks; alone, k = 1, without mpiexec too)
 
 Rank r fills bucket i with ``(r + 1) * (i + 1) + arange(size) % 7``; the
 sum over ranks is computed here independently with numpy. Both ways the
@@ -11,6 +11,8 @@ the transfer on the waiting thread (forced here by holding the
 communicator's condition so the thread cannot take it), and mixed timing
 (rank 0 waits at once and runs transfers itself, the others let the thread
 run them) must still sum correctly: every rank issues them in start order.
+Alone (k = 1) nothing travels: every handle is complete when started, so there
+is no communication thread and nothing runs inline (``n_inline`` is null).
 Rank 0 prints one JSON line.
 """
 import json
@@ -68,6 +70,15 @@ def check_inline(comm, k):
     return n_inline
 
 
+def check_alone(comm):
+    """One rank: a started allreduce is complete at once and leaves the buffer as it is."""
+    b = np.arange(3000, dtype=np.float32)
+    h = comm.start_allreduce(b)
+    assert h.done() and not hasattr(h, 'ran_inline'), h
+    np.testing.assert_array_equal(h.wait(), np.arange(3000, dtype=np.float32))
+    return None
+
+
 def main():
     results = {}
     for poll_us in (0, 500):
@@ -75,7 +86,7 @@ def main():
         k = comm.size
         for _ in range(3):
             check(comm, k)
-        n_inline = check_inline(comm, k)
+        n_inline = check_inline(comm, k) if k > 1 else check_alone(comm)
         # One rank arrives 0.3 s late: what the waiting thread burns meanwhile.
         comm.barrier()
         c0 = time.process_time()

@@ -12,6 +12,8 @@ wire dtype; for asa it equals the float32 sum of the 16-bit inputs cast
 once (np.float16 here, an independent path, for float16). Overflow: a value
 beyond float16's range on one rank, and a NaN on one rank, raise the
 documented WireOverflow on every rank, and the next sum is right again.
+Alone (k = 1, without mpiexec too) nothing travels, so nothing is cast: every
+sum is the buffer itself, bit for bit, even beyond float16's range.
 """
 import json
 import sys
@@ -135,6 +137,23 @@ def check_threads(comm):
     return True
 
 
+def check_alone(comm):
+    """One rank: no wire, no cast; every started and blocking sum leaves the buffer as it is."""
+    for method in METHODS:
+        comm.wire_method = method
+        for wire in WIRES:
+            for i, n in enumerate(sizes(1)):
+                buf = buckets(1, n, 1000 * i + 7)[0]
+                before = buf.copy()
+                comm.start_allreduce(buf, name='b%d' % i, wire=wire).wait()
+                np.testing.assert_array_equal(buf, before)
+    big = np.full(4, 7.0e4, np.float32)           # beyond float16's range: not cast, kept
+    comm.allreduce(big, wire='float16')
+    assert np.all(big == np.float32(7.0e4)), big
+    comm.wire_method = 'asa'
+    return True
+
+
 def measure(comm, reps=30):
     n = 2 ** 18                      # 1 MB of float32
     buf = np.ones(n, np.float32)
@@ -158,6 +177,8 @@ def main():
     k = comm.size
     if sys.argv[1:] == ['measure']:
         res = {'k': k, 'ms_per_1MB_bucket': measure(comm)}
+    elif k == 1:
+        res = {'k': k, 'alone_unchanged': check_alone(comm)}
     else:
         res = {'k': k, 'worst_error_over_bound': check_sums(comm, k),
                'overflow': check_overflow(comm, k), 'threads': check_threads(comm)}

@@ -220,7 +220,7 @@ def test_nccl_sends_its_native_16_bit_types_from_a_wire_copy(monkeypatch):
     """Fake CuPy + fake library (no GPU here): the cast, NCCL's half/bfloat16
     allreduce of the 16-bit copy and the cast back, in that order, on the
     comm stream; bfloat16 refused by name on an NCCL older than 2.10."""
-    from test_nccl import make_comm, FakeCupyArray
+    from support.fakes import make_comm, FakeCupyArray
     from theanompi_ext.collective import nccl, nccl_lib
     comm, cuda, lib, _ = make_comm()
     stream_cls = type(comm.stream)

@@ -4,7 +4,7 @@ A model written only to Theano-MPI's contract (tests/dropin/digits_contract.py,
 plain Theano, no theanompi_ext layers) trains a few steps on 2 real MPI
 ranks (the session launcher with overlap also on 3); every route must give
 the parameters of a numpy single-process reference of kn-sum SGD on the
-same global batches, its learning rate computed by hand (tests/sgd_reference.py).
+same global batches, its learning rate computed by hand (tests/support/sgd_reference.py).
 """
 import json
 import os
@@ -14,8 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpiexec
-from sgd_reference import goyal_lr, momentum_step
+from support.paths import ROOT
+from support.procs import mpiexec
+from support.sgd_reference import goyal_lr, momentum_step
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 FAKE = os.path.join(ROOT, 'tests', 'fake_theanompi')

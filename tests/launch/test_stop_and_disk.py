@@ -25,7 +25,9 @@ from theanompi_ext import atomic
 from theanompi_ext.train import checkpoint, outdir
 from theanompi_ext.train.config import TrainConfig
 
-from test_faults import MPI_DIR, _descendants, explained, mpi_cmd, write_cfg
+from support.configs import write_cfg
+from support.paths import MPI_DIR
+from support.procs import descendants as _descendants, explained, mpi_cmd
 
 JOB_TIMEOUT = 180
 CLI = [sys.executable, '-m', 'theanompi_ext']

@@ -94,7 +94,7 @@ def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
     import signal
     import time
     from theanompi_ext.bench.overlap import netns_problem
-    from test_faults import _alive, _descendants
+    from support.procs import alive as _alive, descendants as _descendants
     if netns_problem():
         pytest.skip(netns_problem())
     proc = subprocess.Popen([sys.executable, '-m', 'theanompi_ext', 'bench', 'allreduce',

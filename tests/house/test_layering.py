@@ -6,11 +6,32 @@ import os
 
 import pytest
 
+from support import paths
+
 PKG = 'theanompi_ext'
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PKG)
-# Layers that must not import the ones above them (launch/ runs jobs, it does not train).
-LOWER = {'launch': ('train', 'bench', 'theanompi_compat', 'simulate'),
-         'collective': ('train', 'bench', 'theanompi_compat', 'simulate', 'launch')}
+ROOT = os.path.join(paths.ROOT, PKG)
+# Layers that must not import the ones above them, nor their peers. From the bottom:
+# collective/ moves buffers, buckets/ plans them, update/ is the update's math,
+# backward/ computes gradients, exchange/ sums them over the buckets; step/ runs one
+# step of those; train/, theanompi_compat/ and bench/ are the faces. launch/ runs
+# jobs, it does not train. (Folders that do not exist yet are harmless here.)
+FACES = ('step', 'train', 'bench', 'theanompi_compat', 'simulate')
+LOWER = {
+    'collective': FACES + ('exchange', 'backward', 'buckets', 'update', 'launch', 'model',
+                           'data'),
+    'buckets': FACES + ('exchange', 'backward', 'update', 'launch', 'model', 'data',
+                        'collective'),
+    'update': FACES + ('collective', 'exchange', 'backward', 'buckets', 'launch', 'data'),
+    'backward': FACES + ('collective', 'exchange', 'update', 'launch'),
+    'exchange': FACES + ('backward', 'launch', 'model', 'data'),
+    'launch': FACES + ('exchange', 'backward', 'update', 'buckets', 'model', 'data'),
+}
+# Imports a rule above allows all the same, each with its reason. Aliases: modules
+# kept at a documented import path for users' model files; they only re-export.
+ALIASES = {
+    ('theanompi_ext.exchange.theanompi_exchanger', 'theanompi_ext.theanompi_compat.exchanger'):
+        "Theano-MPI model files import BSP_Exchanger from the exchange/ path (docs)",
+}
 
 
 def modules(root=ROOT, pkg=PKG):
@@ -121,8 +142,15 @@ def test_lower_layers_do_not_import_upper_ones(graph, lower):
     upper = [PKG + '.' + u for u in LOWER[lower]]
     wrong = sorted('%s imports %s' % (m, t) for m, targets in graph.items()
                    if m == prefix or m.startswith(prefix + '.')
-                   for t in targets if any(t == u or t.startswith(u + '.') for u in upper))
+                   for t in targets if any(t == u or t.startswith(u + '.') for u in upper)
+                   and (m, t) not in ALIASES)
     assert not wrong, '; '.join(wrong)
+
+
+def test_every_allowed_alias_import_is_still_there(graph):
+    """An exception that no longer happens is removed, so the list stays the truth."""
+    stale = sorted('%s -> %s' % pair for pair in ALIASES if pair[1] not in graph.get(pair[0], ()))
+    assert not stale, 'no longer imported, remove from ALIASES: ' + '; '.join(stale)
 
 
 def test_errors_imports_nothing_of_the_package(graph):

@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from conftest import run_mpi_json
-from test_nccl import FakeGpuArray, FakeGpuComm
+from support.fakes import FakeGpuArray, FakeGpuComm
+from support.procs import run_mpi_json
 from theanompi_ext.collective.gpucomm_host import GpuCommExchange
 from theanompi_ext.collective.mpi import MPICommunicator
 from theanompi_ext.theanompi_compat.exchanger import exchange_communicator

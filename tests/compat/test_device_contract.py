@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 
 MODEL = os.path.join(ROOT, 'tests', 'dropin', 'digits_contract.py')
 STEPS = 3

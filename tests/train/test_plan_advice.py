@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import mpiexec
+from support.procs import mpiexec
 from theanompi_ext.train import advice
 from theanompi_ext.train.config import TrainConfig
 

@@ -13,7 +13,7 @@ from theanompi_ext.collective.nccl import NCCLCommunicator
 from theanompi_ext.collective.registry import create_communicator
 from theanompi_ext.collective.world import OneRankWorld, world_comm, in_mpi_job, LAUNCHER_VARS
 
-from test_nccl import FakeLib, FakeCupyArray, fake_cupy
+from support.fakes import FakeLib, FakeCupyArray, fake_cupy
 
 
 def _mpi4py_cannot_load(monkeypatch):

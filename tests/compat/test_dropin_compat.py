@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
+from support.procs import mpiexec as find_mpiexec
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 
@@ -64,7 +65,7 @@ def test_devices_across_hosts_place_ranks_in_order():
     assert remote_hosts(pairs) == [('node0', 1), ('node1', 2)]
     assert remote_hosts(parse_devices('cuda0,cuda1')) is None
     assert remote_hosts(parse_devices(['localhost:cuda0,cuda1'])) is None
-    mpiexec = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    mpiexec = find_mpiexec()
     assert host_args([('node0', 1), ('node1', 2)], mpiexec)[1] == 'node0:1,node1:2'
 
 

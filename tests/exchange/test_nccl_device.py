@@ -1,4 +1,4 @@
-"""The NCCL exchange path for device buffers, against the fakes of tests/test_nccl.py.
+"""The NCCL exchange path for device buffers, against the fakes of tests/support/fakes.py.
 
 No GPU: CuPy's streams/events and the NCCL library are the recording
 fakes of test_nccl.py (one shared log), the flat device gradient is a
@@ -15,7 +15,7 @@ import numpy as np
 
 import pytest
 
-from test_nccl import FakeLib, FakeMPIComm, _other_gpu, fake_cupy
+from support.fakes import FakeLib, FakeMPIComm, fake_cupy, other_gpu as _other_gpu
 from theanompi_ext.collective import nccl_lib
 from theanompi_ext.collective.nccl import NCCLCommunicator
 from theanompi_ext.collective.pygpu_stream import context_stream

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import MPI_DIR, ROOT
+from support.paths import MPI_DIR, ROOT
 from theanompi_ext.devices import DeviceError, device_for_rank, parse_device, parse_device_list
 from theanompi_ext.train.config import TrainConfig
 

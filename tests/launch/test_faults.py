@@ -13,7 +13,6 @@ import math
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,77 +29,12 @@ from theanompi_ext.launch import rank_notes
 from theanompi_ext.train import faults, options, replicas
 from theanompi_ext.train.config import TrainConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPI_DIR = os.path.join(ROOT, 'tests', 'mpi')
-JOB_TIMEOUT = 240
+from support.configs import write_cfg
+from support.paths import MPI_DIR, ROOT
+from support.procs import alive as _alive, explained, job, mpi_cmd
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _descendants(pid):
-    """PIDs of every process below ``pid`` (from /proc)."""
-    children = {}
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit():
-            continue
-        try:
-            with open('/proc/%s/stat' % entry) as f:
-                ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def job(cmd, timeout=JOB_TIMEOUT, env=None):
-    """Run ``cmd``; on a timeout SIGKILL it and everything it started, then fail.
-
-    hydra puts its proxy and the ranks in sessions of their own, so killing
-    the process group is not enough; the tree is walked instead.
-    """
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for pid in [proc.pid] + _descendants(proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out, err = proc.communicate()
-        pytest.fail('%s hung for %ss:\n%s\n%s' % (cmd[:6], timeout, out[-3000:], err[-3000:]))
-    return proc.returncode, out, err, time.time()
-
-
-def mpi_cmd(nprocs, script, *args):
-    exe = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
-    return [exe if os.path.exists(exe) else 'mpiexec', '-n', str(nprocs), sys.executable,
-            os.path.join(MPI_DIR, script)] + [str(a) for a in args]
-
-
-def explained(cmd, size):
-    """``cmd`` (an mpiexec line) run the way ``theanompi-ext train --workers`` runs it."""
-    return [sys.executable, '-c', 'import sys; from theanompi_ext.launch.postmortem import '
-            'run_explained; sys.exit(run_explained(sys.argv[2:], size=int(sys.argv[1])))',
-            str(size)] + cmd
-
-
-def write_cfg(path, **kw):
-    d = dict(model='mlp', batch_per_worker=8, epochs=3, warmup='none', quiet=True,
-             eval_every=100, max_steps=6, extra={'train_subset': 100, 'model_kw': {'hidden': [8]}})
-    d.update(kw)
-    with open(path, 'w') as f:
-        json.dump(d, f)
-    return path
-
 
 def fault_time(err):
     m = re.search(r'FAULT \S+ rank \d+ pid (\d+) at ([0-9.]+)', err)
@@ -112,14 +46,6 @@ def run_fault(tmp_path, fault, rank=1, at=2, arg=0.0, launcher=False, **cfg):
     path = write_cfg(str(tmp_path / 'cfg.json'), **cfg)
     cmd = mpi_cmd(2, 'run_faults.py', path, tmp_path, fault, rank, at, arg)
     return job(explained(cmd, 2) if launcher else cmd)
-
-
-def _alive(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------- a rank dies

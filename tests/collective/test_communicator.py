@@ -24,10 +24,10 @@ from theanompi_ext.collective.pygpu_nccl import PygpuNCCLCommunicator
 from theanompi_ext.collective.watchdog import WatchedCommunicator, WatchedHandle, watch
 from theanompi_ext.exchange.knsum import IncompleteExchange, KnSumExchanger
 
-from conftest import run_mpi_json
-from test_nccl import FakeCupyArray, FakeGpuArray, FakeGpuComm, FakeMPIComm, make_comm
+from support.fakes import FakeCupyArray, FakeGpuArray, FakeGpuComm, FakeMPIComm, make_comm
+from support.paths import ROOT
+from support.procs import run_mpi_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, 'theanompi_ext')
 
 

@@ -8,9 +8,9 @@ record every call. The real allreduce test runs only where a CUDA device
 is present (scripts/device_nccl_check.py is the fuller GPU check).
 """
 import importlib.metadata
-import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -29,169 +29,10 @@ from theanompi_ext.collective.nccl_lib import NCCLUnavailable, NCCLError, ENV_LI
 from theanompi_ext.collective.pygpu_nccl import PygpuNCCLCommunicator, make_gpucomm
 from theanompi_ext.collective.registry import create_communicator, available_backends
 
-
-# -- fakes ----------------------------------------------------------------------
-
-class FakeMPIComm(object):
-    """mpi4py-like small-object API; other ranks' contributions come from ``peers``.
-
-    ``peers(obj)`` returns the list of what ranks 1.. contribute to an
-    allgather in which this rank (rank 0) contributes ``obj``.
-    """
-
-    def __init__(self, size=1, peers=None):
-        self.size = size
-        self.peers = peers or (lambda obj: [obj] * (size - 1))
-        self.gathers = []
-        self.aborted = None
-
-    def Get_rank(self):
-        return 0
-
-    def Get_size(self):
-        return self.size
-
-    def allgather(self, obj):
-        self.gathers.append(obj)
-        return [obj] + list(self.peers(obj))
-
-    def bcast(self, obj, root=0):
-        return obj
-
-    def Barrier(self):
-        pass
-
-    def Dup(self):
-        return self      # the bounded barrier's communicator (collective/base.py)
-
-    def Abort(self, code=1):
-        self.aborted = code
-
-
-class FakeCuda(object):
-    """The slice of ``cupy.cuda`` the backend uses, logging every stream/event call."""
-
-    def __init__(self, ndev=1):
-        self.log = []
-        self.ids = itertools.count(1)
-        self.ndev = ndev
-        cuda = self
-        self.current = None
-
-        class Stream(object):
-            def __init__(self, non_blocking=False, priority=None, ptr=None):
-                self.ptr = ptr if ptr is not None else 0x5000 + next(cuda.ids)
-                self.non_blocking, self.priority = non_blocking, priority
-
-            def wait_event(self, ev):
-                cuda.log.append(('wait', self.ptr, ev.id))
-
-            def synchronize(self):
-                cuda.log.append(('stream_sync', self.ptr))
-
-        class Event(object):
-            def __init__(self, disable_timing=False):
-                self.id = next(cuda.ids)
-                self.done = False
-
-            def record(self, stream=None):
-                cuda.log.append(('record', self.id, stream.ptr))
-
-            def synchronize(self):
-                cuda.log.append(('event_sync', self.id))
-                self.done = True
-
-        class Device(object):
-            def __init__(self, i=0):
-                self.id = i
-                self.pci_bus_id = '0000:%02x:00.0' % (i + 1)
-
-            def use(self):
-                cuda.log.append(('use', self.id))
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *a):
-                return False
-
-        def get_device_count():
-            if cuda.ndev == 0:
-                raise RuntimeError('cudaErrorNoDevice: no CUDA-capable device is detected')
-            return cuda.ndev
-
-        self.Stream, self.Event, self.Device = Stream, Event, Device
-        self.ExternalStream = lambda ptr: Stream(ptr=ptr)
-        self.runtime = types.SimpleNamespace(getDeviceCount=get_device_count,
-                                             deviceGetStreamPriorityRange=lambda: (0, -5))
-        self.current = Stream(ptr=0x1)   # the compute stream
-
-    def get_current_stream(self):
-        return self.current
-
-
-def fake_cupy(ndev=1):
-    return types.SimpleNamespace(cuda=FakeCuda(ndev))
-
-
-class FakeLib(object):
-    """NCCLLibrary's interface, recording calls instead of touching a GPU."""
-    version = (2, 28, 9)
-    source = 'fake'
-    path = '/fake/libnccl.so.2'
-
-    def __init__(self, log=None, async_error=0):
-        self.log = log if log is not None else []
-        self.async_error = async_error
-
-    def version_string(self):
-        return '2.28.9'
-
-    def get_unique_id(self):
-        return b'\x07' * 128
-
-    def comm_init_rank(self, n, uid, rank):
-        self.log.append(('init', n, len(uid), rank))
-        self.n, self.rank = n, rank
-        return 'comm'
-
-    def comm_count(self, comm):
-        return self.n
-
-    def comm_user_rank(self, comm):
-        return self.rank
-
-    def all_reduce(self, send, recv, count, dtype, op, comm, stream):
-        self.log.append(('allreduce', send, recv, count, dtype, op, stream))
-
-    def comm_async_error(self, comm):
-        return self.async_error
-
-    def error_string(self, code):
-        return 'remote process exited or there was a network error'
-
-    def comm_destroy(self, comm):
-        self.log.append(('destroy',))
-
-    def comm_abort(self, comm):
-        self.log.append(('abort',))
-
-
-class FakeCupyArray(object):
-    """Mirrors what the backend reads from a cupy.ndarray."""
-
-    def __init__(self, n=8, dtype=np.float32, ptr=0xA000, contiguous=True, device=0):
-        self.size = n
-        self.dtype = np.dtype(dtype)
-        self.data = types.SimpleNamespace(ptr=ptr)
-        self.flags = types.SimpleNamespace(c_contiguous=contiguous)
-        self.device = types.SimpleNamespace(id=device)
-
-
-def make_comm(size=1, peers=None, ndev=1, **kw):
-    cp, lib = fake_cupy(ndev), FakeLib()
-    mpi = FakeMPIComm(size, peers)
-    return NCCLCommunicator(comm=mpi, lib=lib, cupy=cp, **kw), cp.cuda, lib, mpi
+from support.fakes import (FakeCupyArray, FakeGpuArray, FakeGpuComm, FakeLib, FakeMPIComm,
+                           OldFakeGpuComm, fake_cupy, make_comm, other_gpu as _other_gpu)
+from support.paths import ROOT, TESTS
+from support.procs import mpiexec as find_mpiexec
 
 
 # -- the library, for real where the wheel is installed ---------------------------
@@ -392,13 +233,6 @@ def test_check_one_rank_per_gpu_pure():
         check_one_rank_per_gpu([('a', '0:1'), ('a', '0:2'), ('a', '0:2')])
 
 
-def _other_gpu(obj):
-    # Rank 1: same answers, but on its own GPU during the init allgather.
-    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], tuple):
-        return [(obj[0], ('node1', obj[1][1]))]
-    return [obj]
-
-
 def test_mismatched_sizes_detected_by_communicator():
     def peers(obj):
         if isinstance(obj, tuple) and obj[0] == 'grad':
@@ -533,7 +367,7 @@ TWO_RANKS = textwrap.dedent("""
     import sys
     sys.path.insert(0, %(tests)r)
     from mpi4py import MPI
-    from test_nccl import FakeLib, fake_cupy, FakeCupyArray
+    from support.fakes import FakeLib, fake_cupy, FakeCupyArray
     from theanompi_ext.collective.nccl import NCCLCommunicator, NCCLUnavailable
     w = MPI.COMM_WORLD
     r = w.Get_rank()
@@ -566,11 +400,11 @@ TWO_RANKS = textwrap.dedent("""
 
 def test_two_real_mpi_ranks_fail_together(tmp_path):
     """Real MPI, fake GPU: every rank raises the same error instead of some hanging."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
-    if not os.path.exists(mpiexec):
-        pytest.skip('no mpiexec next to %s' % sys.executable)
+    mpiexec = find_mpiexec()
+    if not shutil.which(mpiexec):
+        pytest.skip('no mpiexec next to %s or on PATH' % sys.executable)
     script = tmp_path / 'two_ranks.py'
-    script.write_text(TWO_RANKS % {'tests': os.path.dirname(os.path.abspath(__file__)),
+    script.write_text(TWO_RANKS % {'tests': TESTS,
                                    'out': str(tmp_path / 'out')})
     try:
         out = subprocess.run([mpiexec, '-n', '2', sys.executable, str(script)],
@@ -592,8 +426,7 @@ def test_two_real_mpi_ranks_fail_together(tmp_path):
 
 def test_device_check_script(tmp_path):
     """scripts/device_nccl_check.py: all checks pass on a GPU; elsewhere exit 2 with the reason."""
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          'scripts', 'device_nccl_check.py')
+    script = os.path.join(ROOT, 'scripts', 'device_nccl_check.py')
     report = tmp_path / 'report.json'
     env = dict(os.environ)
     env.pop('OUT', None)
@@ -627,7 +460,7 @@ HANG = textwrap.dedent("""
 
 def test_device_check_script_ends_a_hang(tmp_path):
     """The watchdog ends the check (exit 1, stacks dumped) when init hangs."""
-    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts')
+    scripts = os.path.join(ROOT, 'scripts')
     wrapper = tmp_path / 'hang.py'
     wrapper.write_text(HANG % {'scripts': scripts})
     out = subprocess.run([sys.executable, str(wrapper)], capture_output=True, text=True,
@@ -661,57 +494,6 @@ def test_choose_backend():
         strategy.choose_backend(FakeCupyArray(), probe=no)
     # Default probe: host buffers never need it.
     assert strategy.choose_backend(np.zeros(3, np.float32)) == 'mpi'
-
-
-# -- pygpu backend against a fake GpuComm -----------------------------------------------
-
-class FakeGpuArray(object):
-    """A host-backed stand-in with pygpu GpuArray's attributes."""
-    _addr = itertools.count(0x10000, 0x1000)
-
-    def __init__(self, values, contiguous=True):
-        self.host = np.array(values, dtype=np.asarray(values).dtype)
-        self.gpudata = next(self._addr)
-        self.offset = 0
-        self.size = self.host.size
-        self.dtype = self.host.dtype
-        self.flags = types.SimpleNamespace(c_contiguous=contiguous)
-        self.context = types.SimpleNamespace(kind=b'cuda')
-        self.synced = 0
-
-    def sync(self):
-        self.synced += 1
-
-
-class FakeGpuComm(object):
-    """pygpu.collectives.GpuComm's documented API; every rank holds the same data."""
-
-    def __init__(self, count=2, rank=0):
-        self.count, self.rank = count, rank
-        self.calls = []
-
-    def all_reduce(self, src, op, dest=None):
-        if op not in ('+', 'sum', 'add'):
-            raise ValueError('Invalid reduce operation')
-        self.calls.append((src, op, dest))
-        if dest is None:
-            dest = FakeGpuArray(np.zeros_like(src.host))
-        dest.host[...] = src.host * self.count
-        return dest
-
-
-class OldFakeGpuComm(FakeGpuComm):
-    """Earlier pygpu builds: get_count()/get_rank() methods instead of properties."""
-
-    def __init__(self, count=2, rank=0):
-        FakeGpuComm.__init__(self, count, rank)
-        self._c, self._r = self.__dict__.pop('count'), self.__dict__.pop('rank')
-
-    def get_count(self):
-        return self._c
-
-    def get_rank(self):
-        return self._r
 
 
 def test_pygpu_backend_with_fake_gpucomm():

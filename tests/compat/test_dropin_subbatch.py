@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import theanompi_ext.engine  # noqa: F401  (this process imports tmzoo, which imports Theano)
-from conftest import ROOT, mpiexec
-from sgd_reference import goyal_lr, momentum_step
+from support.paths import ROOT
+from support.procs import mpiexec
+from support.sgd_reference import goyal_lr, momentum_step
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 FAKE = os.path.join(ROOT, 'tests', 'fake_theanompi')

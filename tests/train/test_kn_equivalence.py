@@ -2,7 +2,7 @@
 
 The reference is independent of the package's training code: a numpy
 float64 MLP with hand-written backprop, eq. (9) momentum, weight decay,
-the gradual warm-up and a /10 decay computed by hand (tests/sgd_reference.py),
+the gradual warm-up and a /10 decay computed by hand (tests/support/sgd_reference.py),
 on the same per-epoch shuffles. k = 2 (n = 8) and k = 4 (n = 4) use
 kn = 16, k = 3 (n = 5) kn = 15: 4 iterations per epoch of the 64 examples
 either way. ``ar`` (exchange after backprop) runs at k = 2 and 4,
@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from sgd_reference import goyal_lr, momentum_step
+from support.sgd_reference import goyal_lr, momentum_step
 
 SUBSET, EPOCHS, BASE_LR, REF = 64, 5, 0.1, 8
 WARMUP_ITERS, DECAY_ITER = 8, 16            # 2 epochs of 4 iterations; decay at epoch 4

@@ -10,7 +10,8 @@ import pytest
 
 from theanompi_ext.train import options
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import ROOT
+
 EXAMPLES = os.path.join(ROOT, 'examples')
 
 
