@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 from theanompi_ext.collective.local import LocalCommunicator
 from theanompi_ext.errors import NonFiniteLoss, NonFiniteStep
 
