@@ -97,9 +97,10 @@ def test_bench_option_parsing():
 
 def _flat_params(net, exchange_bn):
     from theanompi_ext.buckets.plan import flat_order
+    from theanompi_ext.update.policy import split_exchanged
     from theanompi_ext.params import ParamSet, tags_of
     params = net.params
-    order, n_exch = flat_order([tags_of(p) for p in params], exchange_bn=exchange_bn)
+    order, n_exch = flat_order(*split_exchanged([tags_of(p) for p in params], exchange_bn))
     return ParamSet([params[i] for i in order], [params[i].name for i in order]), n_exch
 
 

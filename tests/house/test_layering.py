@@ -14,7 +14,7 @@ ROOT = os.path.join(paths.ROOT, PKG)
 # collective/ moves buffers, buckets/ plans them, update/ is the update's math,
 # backward/ computes gradients, exchange/ sums them over the buckets; step/ runs one
 # step of those; train/, theanompi_compat/ and bench/ are the faces. launch/ runs
-# jobs, it does not train. (Folders that do not exist yet are harmless here.)
+# jobs, it does not train.
 FACES = ('step', 'train', 'bench', 'theanompi_compat', 'simulate')
 LOWER = {
     'collective': FACES + ('exchange', 'backward', 'buckets', 'update', 'launch', 'model',
@@ -25,6 +25,8 @@ LOWER = {
     'backward': FACES + ('collective', 'exchange', 'update', 'launch'),
     'exchange': FACES + ('backward', 'launch', 'model', 'data'),
     'launch': FACES + ('exchange', 'backward', 'update', 'buckets', 'model', 'data'),
+    # the step is below its faces: the trainer and the Theano-MPI stepper call it
+    'step': ('train', 'bench', 'theanompi_compat', 'simulate', 'launch', 'cli'),
 }
 # Imports a rule above allows all the same, each with its reason. Aliases: modules
 # kept at a documented import path for users' model files; they only re-export.

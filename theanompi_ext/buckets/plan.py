@@ -30,14 +30,14 @@ class Bucket(object):
                                                         self.last - 1, self.nbytes)
 
 
-def flat_order(tags, exchange_bn=False):
+def flat_order(exchanged, local):
     """Order of parameters in the flat layout: exchanged ones reversed, then local.
 
-    Returns (order, n_exchanged) where ``order`` lists model indices.
+    ``exchanged``, ``local``: model indices, as the BN policy splits them
+    (:func:`theanompi_ext.update.policy.split_exchanged`). Returns
+    (order, n_exchanged) where ``order`` lists model indices.
     """
-    from ..update.policy import split_exchanged
-    exchanged, local = split_exchanged(tags, exchange_bn)
-    return list(reversed(exchanged)) + local, len(exchanged)
+    return list(reversed(exchanged)) + list(local), len(exchanged)
 
 
 def exchanged_entries(sizes, n_exchanged):

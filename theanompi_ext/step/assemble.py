@@ -32,6 +32,7 @@ import numpy as np
 from ..buckets.plan import check_plan_across_ranks, exchanged_entries, flat_order, plan_buckets
 from ..exchange.knsum import KnSumExchanger
 from ..exchange.modes import check_mode
+from ..update.policy import split_exchanged
 from ..update.rules import make_rule
 from ..params import ParamLayout, ParamSet
 from ..update.schedule import Schedule
@@ -82,7 +83,7 @@ def flat_params(variables, tags, exchange_bn, names=None):
     ``tags`` and ``names`` are in the model's order (``names`` None: the
     variables' own names).
     """
-    order, n_exch_params = flat_order(tags, exchange_bn=exchange_bn)
+    order, n_exch_params = flat_order(*split_exchanged(tags, exchange_bn))
     params = ParamSet([variables[i] for i in order],
                       None if names is None else [names[i] for i in order])
     params.tags = [tags[i] for i in order]

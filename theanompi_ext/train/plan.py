@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..buckets.plan import exchanged_entries, flat_order, plan_buckets
+from ..update.policy import split_exchanged
 from ..update.schedule import Schedule
 
 FORMS_TEXT = {
@@ -141,7 +142,8 @@ def _model_facts(net, exchange_bn):
     """(param sizes in flat order, exchanged count, per-layer scalars) of a network."""
     from ..params import tags_of
     params = net.params
-    order, n_exch_params = flat_order([tags_of(p) for p in params], exchange_bn=exchange_bn)
+    order, n_exch_params = flat_order(*split_exchanged([tags_of(p) for p in params],
+                                                       exchange_bn))
     sizes = [int(params[i].get_value(borrow=True).size) for i in order]
     layers = [sum(int(p.get_value(borrow=True).size) for p in l.params) for l in net.layers]
     return sizes, n_exch_params, layers
