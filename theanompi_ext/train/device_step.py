@@ -72,7 +72,7 @@ def nccl_unavailable(device, probe=None):
     if not device.startswith('cuda'):
         return 'NCCL needs a CUDA device'
     if probe is None:
-        from ..collective.nccl import probe
+        from ..collective.nccl_probe import probe
     ok, why = probe()
     return None if ok else why
 
