@@ -273,7 +273,7 @@ def test_time_modes_alternates_and_counts():
     run = {m: (lambda m=m: calls.append(m)) for m in 'abc'}
     barriers = []
     times = timing.time_modes(run, 'abc', steps=2, reps=3, barrier=lambda: barriers.append(1),
-                               warmup=1)
+                              warmup=1)
     assert calls[:3] == ['a', 'b', 'c']                      # warm-up
     blocks = calls[3:][::2]
     assert blocks == list('abc') + list('bca') + list('cab')  # rotating order
@@ -311,11 +311,11 @@ def test_rows_and_targets():
     assert 'n/a' in compare_verdicts.format_table([row])
     # ... or within the noise of the steps
     noisy = compare_stats.make_row('s', 'm', 'shm', [[1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0]],
-                             [[1.3, 0.9, 1.02]])
+                                   [[1.3, 0.9, 1.02]])
     assert noisy['comm_cost_err'] > 0.05 and noisy['hidden_fraction'] is None
     # a slow drift of the load cancels in the paired figures
     drift = compare_stats.make_row('s', 'm', 'shm', [[1.0, 2.0, 3.0]], [[1.1, 2.2, 3.3]],
-                             [[1.2, 2.4, 3.6]])
+                                   [[1.2, 2.4, 3.6]])
     assert drift['comm_overhead'] == pytest.approx(0.1) and drift['comm_overhead_err'] < 1e-9
     assert drift['hidden_fraction'] == pytest.approx(0.5)
     assert drift['hidden_fraction_err'] == pytest.approx(0.0, abs=1e-12)
@@ -337,9 +337,10 @@ def test_hidden_fraction_error_and_noise_verdict():
     # the same seed gives the same error; no cost at all: no estimate
     assert compare_stats.bootstrap_error(compare_stats.paired_hidden_fraction, (c, t, s)) == err
     assert compare_stats.bootstrap_error(compare_stats.paired_hidden_fraction, (c, c, c)) is None
-    rows = [compare_stats.make_row(compare_systems.SYSTEMS[0], 'm', 'shm', [list(c)], [list(t)], [list(s)]),
+    rows = [compare_stats.make_row(compare_systems.SYSTEMS[0], 'm', 'shm', [list(c)], [list(t)],
+                                   [list(s)]),
             compare_stats.make_row('pytorch/ddp-gloo', 'm', 'shm', [list(c)], [list(t - 0.01)],
-                             [list(s)])]
+                                   [list(s)])]
     assert rows[0]['hidden_fraction_err'] == pytest.approx(err)
     text = compare_verdicts.targets(rows)
     # DDP 0.55 against ours 0.50: not met, but well inside the combined error
@@ -420,8 +421,9 @@ def fp16_rows():
     ddp = dict(compute=t, serial=[[1.5, 1.5]] * 2, full=[[1.3, 1.3]] * 2,
                allreduce=[[0.5, 0.5]] * 2, grad_bytes=8, params=2, torch='x')
     spec = dict(batch=8, threads=1, wire_dtypes=['float32', 'float16'])
-    return compare_stats.summarize('m', 'shm', spec, [ours],
-                             {(0.1, 'none'): [ddp], (0.1, 'fp16'): [dict(ddp, hook_check={})]})
+    return compare_stats.summarize(
+        'm', 'shm', spec, [ours],
+        {(0.1, 'none'): [ddp], (0.1, 'fp16'): [dict(ddp, hook_check={})]})
 
 
 def test_fp16_systems_rows_and_targets():
@@ -468,7 +470,7 @@ def test_fp16_hidden_fraction_met_only_above_the_combined_error():
     # the exchange ratio's verdict: above 0.55 by less than its error
     ours.update(wire_time_ratio=0.57, wire_time_ratio_err=0.03, wire_dtype='float16')
     assert compare_verdicts._ratio_target(ours).endswith('x0.570 +- 0.030 (x0.55 or less): '
-                                                'NOT met (within noise, +-0.030)')
+                                                         'NOT met (within noise, +-0.030)')
 
 
 @pytest.mark.parametrize('bad', ['float8', 'float32,int8', 'float16,float16', ','])
@@ -493,8 +495,8 @@ def test_fp16_hook_check_fails_without_the_hook():
     try:
         checks = []
         for hook in ('fp16', 'none'):
-            spec = dict(model_spec=compare_systems.MODEL_SPECS['digits_cnn'], ddp_bucket_cap_mb=25,
-                        ddp_comm_hook=hook)
+            spec = dict(model_spec=compare_systems.MODEL_SPECS['digits_cnn'],
+                        ddp_bucket_cap_mb=25, ddp_comm_hook=hook)
             ddp = ddp_worker._ddp(ddp_worker.build_model(spec['model_spec']), spec)
             params = [p for p in ddp.parameters() if p.requires_grad]
             x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
