@@ -270,7 +270,7 @@ FLAT_SIZES = [640, 10] + [64] * 4 + [147456, 256, 256, 73728, 128, 128, 36864, 6
 def flat_layout(rep, comm, cp, size, trials):
     """Check 4: bucket views of one flat gradient buffer, as the trainer lays them out."""
     from theanompi_ext.buckets.plan import plan_buckets
-    from theanompi_ext.collective.nccl import device_buffer
+    from theanompi_ext.collective.nccl_buffers import device_buffer
     from theanompi_ext.collective.nccl_lib import NCCL_FLOAT32, NCCL_AVG
     sizes = FLAT_SIZES
     buckets = plan_buckets(sizes, len(sizes), 0.5, 0.05)
@@ -384,7 +384,8 @@ def main(argv=None):
     _timeout(args.timeout)
     rep = Report()
     t0 = time.perf_counter()
-    from theanompi_ext.collective.nccl import probe, NCCLCommunicator
+    from theanompi_ext.collective.nccl import NCCLCommunicator
+    from theanompi_ext.collective.nccl_probe import probe
     ok, why = probe()
     rep.add('INFO', 'probe', why)
     rep.data['probe'] = why

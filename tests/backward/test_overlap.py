@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from theanompi_ext.backward.chunked import plan_chunks
-from theanompi_ext.bench.overlap import hidden_fraction, parse_comm_thread, parse_network
+from theanompi_ext.bench.overlap import hidden_fraction, parse_comm_thread
+from theanompi_ext.launch.emulated_network import format_network, parse_network
 from theanompi_ext.exchange import timeline as tl
 
 # -- planning (pure) -------------------------------------------------------------
@@ -77,6 +78,7 @@ def test_start_ready_starts_buckets_in_plan_order_once_complete():
 def test_bench_option_parsing():
     assert parse_network('shm') == ('shm', None)
     assert parse_network('tbf:200mbit') == ('tbf', '200mbit')
+    assert format_network(parse_network('tbf:200mbit')) == 'tbf:200mbit'
     with pytest.raises(ValueError):
         parse_network('netem:10ms')
     assert parse_comm_thread('idle') == (0, True, None)

@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from theanompi_ext.bench import allreduce, casts, compare
+from theanompi_ext.bench import (allreduce, casts, compare, compare_stats, compare_systems,
+                                  compare_verdicts, timing)
 
 HAVE_TORCH = importlib.util.find_spec('torch') is not None
 
@@ -93,7 +94,8 @@ def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
     network namespace, with status 128 + the signal."""
     import signal
     import time
-    from theanompi_ext.bench.overlap import netns_problem
+    from theanompi_ext.launch.emulated_network import (delete_namespace, namespace_name,
+                                                       namespaces, netns_problem)
     from support.procs import alive as _alive, descendants as _descendants
     if netns_problem():
         pytest.skip(netns_problem())
@@ -101,14 +103,14 @@ def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
                              '--network', 'tbf:1gbit', '--sizes', '64M', '--reps', '50'],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    ns = 'tmxbench%d' % proc.pid
+    ns = namespace_name(proc.pid)
     try:
         deadline, ranks = time.time() + 90, []
         while time.time() < deadline and proc.poll() is None:
-            listed = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True)
+            listed = namespaces()
             ranks = [p for p in _descendants(proc.pid)     # not mpiexec, not ip
                      if _cmdline(p).startswith(sys.executable + ' -u -m theanompi_ext.bench.allreduce')]
-            if ns in listed.stdout and len(ranks) == 2:
+            if ns in listed and len(ranks) == 2:
                 break
             time.sleep(0.2)
         assert len(ranks) == 2 and proc.poll() is None, proc.communicate()
@@ -116,13 +118,12 @@ def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 128 + getattr(signal, sig), err
-        assert ns not in subprocess.run(['ip', 'netns', 'list'], capture_output=True,
-                                        text=True).stdout
+        assert ns not in namespaces()
         assert not [p for p in ranks if _alive(p)]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
-        subprocess.run(['ip', 'netns', 'del', ns], capture_output=True)
+        delete_namespace(ns)
 
 
 def _cmdline(pid):
@@ -183,10 +184,10 @@ def test_compare_quick_writes_json(quick_compare):
     rows, res = quick_compare
     stdout = res.stdout
     systems = [r['system'] for r in rows]
-    ours = list(compare.SYSTEMS[:2])
+    ours = list(compare_systems.SYSTEMS[:2])
     expected = ours + [s + '-fp16' for s in ours]
     if HAVE_TORCH:
-        expected += [compare.SYSTEMS[2], compare.SYSTEMS[2] + '-fp16']
+        expected += [compare_systems.SYSTEMS[2], compare_systems.SYSTEMS[2] + '-fp16']
     assert systems == expected
     for r in rows:
         for key in compare.JSON_KEYS:
@@ -221,7 +222,7 @@ def assert_new_targets_from_times(ours):
     a16, a32 = [np.max(np.asarray(r['times_s']['allreduce'], float), axis=0)
                 for r in (ov16, ov32)]
     n = min(len(a16), len(a32))
-    ratio = compare.median_and_error(a16[:n] / a32[:n])
+    ratio = compare_stats.median_and_error(a16[:n] / a32[:n])
     assert (ov16['wire_time_ratio'], ov16['wire_time_ratio_err']) == pytest.approx(ratio)
     assert ser16['wire_time_ratio'] == ov16['wire_time_ratio']
     assert 'wire_time_ratio' not in ov32 and 'bound_excess' not in ser16
@@ -271,8 +272,8 @@ def test_time_modes_alternates_and_counts():
     calls = []
     run = {m: (lambda m=m: calls.append(m)) for m in 'abc'}
     barriers = []
-    times = compare.time_modes(run, 'abc', steps=2, reps=3, barrier=lambda: barriers.append(1),
-                               warmup=1)
+    times = timing.time_modes(run, 'abc', steps=2, reps=3, barrier=lambda: barriers.append(1),
+                              warmup=1)
     assert calls[:3] == ['a', 'b', 'c']                      # warm-up
     blocks = calls[3:][::2]
     assert blocks == list('abc') + list('bca') + list('cab')  # rotating order
@@ -288,7 +289,7 @@ def test_rows_and_targets():
     ddp = dict(compute=[[0.5], [0.5]], serial=[[1.0], [1.0]], full=[[0.9], [0.9]],
                allreduce=[[0.4], [0.4]], grad_bytes=8, params=2, torch='x')
     spec = dict(batch=32, threads=1)
-    rows = compare.summarize('m', 'shm', spec, [ours], {25.0: [ddp], 4.0: [ddp]})
+    rows = compare_stats.summarize('m', 'shm', spec, [ours], {25.0: [ddp], 4.0: [ddp]})
     by = {r['system']: r for r in rows}
     assert sorted(by) == ['pytorch/ddp-gloo', 'pytorch/ddp-gloo-4mb', 'theanompi_ext/ar',
                           'theanompi_ext/ar-overlap']
@@ -298,27 +299,27 @@ def test_rows_and_targets():
     assert ser['hidden_fraction'] == pytest.approx(0.0)
     assert dd['comm_overhead'] == pytest.approx(0.8)
     assert dd['hidden_fraction'] == pytest.approx(0.2)
-    text = compare.targets(rows)
+    text = compare_verdicts.targets(rows)
     assert 'vs pytorch/ddp-gloo: overhead +40.0% vs +80.0%: met' in text
     assert '0.60 +- 0.00 vs 0.20 +- 0.00: met' in text and 'vs pytorch/ddp-gloo-4mb' in text
     assert ov['comm_overhead_err'] == 0 and ov['times_s']['step'] == [[1.4, 1.4], [1.3, 1.3]]
     # two jobs: each rank's steps are pooled
-    assert compare._all([ours, ours], 'compute') == [[1.0] * 4, [0.9] * 4]
+    assert compare_stats._all([ours, ours], 'compute') == [[1.0] * 4, [0.9] * 4]
     # communication too small to measure: no hidden fraction
-    row = compare.make_row('s', 'm', 'shm', [[1.0]], [[1.001]], [[1.002]])
+    row = compare_stats.make_row('s', 'm', 'shm', [[1.0]], [[1.001]], [[1.002]])
     assert row['hidden_fraction'] is None
-    assert 'n/a' in compare.format_table([row])
+    assert 'n/a' in compare_verdicts.format_table([row])
     # ... or within the noise of the steps
-    noisy = compare.make_row('s', 'm', 'shm', [[1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0]],
-                             [[1.3, 0.9, 1.02]])
+    noisy = compare_stats.make_row('s', 'm', 'shm', [[1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0]],
+                                   [[1.3, 0.9, 1.02]])
     assert noisy['comm_cost_err'] > 0.05 and noisy['hidden_fraction'] is None
     # a slow drift of the load cancels in the paired figures
-    drift = compare.make_row('s', 'm', 'shm', [[1.0, 2.0, 3.0]], [[1.1, 2.2, 3.3]],
-                             [[1.2, 2.4, 3.6]])
+    drift = compare_stats.make_row('s', 'm', 'shm', [[1.0, 2.0, 3.0]], [[1.1, 2.2, 3.3]],
+                                   [[1.2, 2.4, 3.6]])
     assert drift['comm_overhead'] == pytest.approx(0.1) and drift['comm_overhead_err'] < 1e-9
     assert drift['hidden_fraction'] == pytest.approx(0.5)
     assert drift['hidden_fraction_err'] == pytest.approx(0.0, abs=1e-12)
-    med, err = compare.median_and_error([1.0, 1.0, 1.0, 9.0])
+    med, err = compare_stats.median_and_error([1.0, 1.0, 1.0, 9.0])
     assert med == 1.0 and err == 0.0        # one stalled step does not count
 
 
@@ -330,20 +331,21 @@ def test_hidden_fraction_error_and_noise_verdict():
     c = np.ones(n)
     s = c + 0.2
     t = s - np.where(np.arange(n) % 2, 0.05, 0.15)
-    assert compare.paired_hidden_fraction(c, t, s) == pytest.approx(0.5)
-    err = compare.bootstrap_error(compare.paired_hidden_fraction, (c, t, s))
+    assert compare_stats.paired_hidden_fraction(c, t, s) == pytest.approx(0.5)
+    err = compare_stats.bootstrap_error(compare_stats.paired_hidden_fraction, (c, t, s))
     assert 0.05 < err < 0.5
     # the same seed gives the same error; no cost at all: no estimate
-    assert compare.bootstrap_error(compare.paired_hidden_fraction, (c, t, s)) == err
-    assert compare.bootstrap_error(compare.paired_hidden_fraction, (c, c, c)) is None
-    rows = [compare.make_row(compare.SYSTEMS[0], 'm', 'shm', [list(c)], [list(t)], [list(s)]),
-            compare.make_row('pytorch/ddp-gloo', 'm', 'shm', [list(c)], [list(t - 0.01)],
-                             [list(s)])]
+    assert compare_stats.bootstrap_error(compare_stats.paired_hidden_fraction, (c, t, s)) == err
+    assert compare_stats.bootstrap_error(compare_stats.paired_hidden_fraction, (c, c, c)) is None
+    rows = [compare_stats.make_row(compare_systems.SYSTEMS[0], 'm', 'shm', [list(c)], [list(t)],
+                                   [list(s)]),
+            compare_stats.make_row('pytorch/ddp-gloo', 'm', 'shm', [list(c)], [list(t - 0.01)],
+                                   [list(s)])]
     assert rows[0]['hidden_fraction_err'] == pytest.approx(err)
-    text = compare.targets(rows)
+    text = compare_verdicts.targets(rows)
     # DDP 0.55 against ours 0.50: not met, but well inside the combined error
     assert '0.50 +- ' in text and 'NOT met (within noise, +-' in text
-    assert '+- ' in compare.format_table(rows).splitlines()[2]
+    assert '+- ' in compare_verdicts.format_table(rows).splitlines()[2]
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')
@@ -351,7 +353,7 @@ def test_pytorch_twins_have_our_parameter_counts():
     from theanompi_ext.bench.ddp_worker import build_model, count_params
     from theanompi_ext.model import build_model as ours
     from theanompi_ext.model.resnet import cifar_resnet
-    for name, spec in compare.MODEL_SPECS.items():
+    for name, spec in compare_systems.MODEL_SPECS.items():
         shape = tuple(spec['input_shape'])
         if spec['kind'] == 'cifar_resnet':
             net = cifar_resnet(shape, 10, depth=spec['depth'], width=spec['width'])
@@ -360,8 +362,8 @@ def test_pytorch_twins_have_our_parameter_counts():
         mine = sum(int(p.get_value(borrow=True).size) for p in net.params)
         assert count_params(build_model(spec, 10)) == mine, name
     # the zoo's figures
-    assert count_params(build_model(compare.MODEL_SPECS['resnet20'])) == 272474
-    assert count_params(build_model(compare.MODEL_SPECS['resnet20_wide'])) == 4327754
+    assert count_params(build_model(compare_systems.MODEL_SPECS['resnet20'])) == 272474
+    assert count_params(build_model(compare_systems.MODEL_SPECS['resnet20_wide'])) == 4327754
 
 
 def test_compare_without_torch_skips_ddp(tmp_path, monkeypatch, capsys):
@@ -372,7 +374,7 @@ def test_compare_without_torch_skips_ddp(tmp_path, monkeypatch, capsys):
     def fake_setting(spec, model, net, ranks, ddp, timeout):
         seen['ddp'] = ddp
         t = [[1.0], [1.0]]
-        return compare.summarize(model, 'shm', spec, [dict(
+        return compare_stats.summarize(model, 'shm', spec, [dict(
             compute=t, compute_chunked=t, serial=[[1.5], [1.5]], overlap=[[1.2], [1.2]],
             allreduce=[[0.4], [0.4]], grad_bytes=8, params=2, buckets=1, chunks=1, ranks=2)],
             {})
@@ -384,7 +386,7 @@ def test_compare_without_torch_skips_ddp(tmp_path, monkeypatch, capsys):
     assert seen['ddp'] is False
     assert 'skipping PyTorch DDP' in capsys.readouterr().err
     rows = json.loads(out.read_text())
-    assert [r['system'] for r in rows] == list(compare.SYSTEMS[:2])
+    assert [r['system'] for r in rows] == list(compare_systems.SYSTEMS[:2])
     assert rows[0]['hidden_fraction'] == pytest.approx(0.6)
 
 
@@ -393,18 +395,18 @@ def test_wire_ratio_and_bound_excess_by_hand():
     r32 = dict(times_s=dict(allreduce=[[2.0, 4.0, 1.0], [1.0, 3.0, 1.5]]))
     r16 = dict(times_s=dict(allreduce=[[1.0, 1.0, 0.9], [0.5, 2.0, 0.1]]))
     # slower ranks: float32 2, 4, 1.5; float16 1, 2, 0.9 -> ratios 0.5, 0.5, 0.6
-    ratio, err = compare.wire_ratio(r16, r32)
+    ratio, err = compare_stats.wire_ratio(r16, r32)
     assert ratio == pytest.approx(0.5)
     assert err == pytest.approx(0.0)                 # MAD of (0.5, 0.5, 0.6) is 0
     # step 1.1 over max(1.0, 0.5); 2.0 over max(1.0, 1.6); 3.3 over max(3.0, 1.0)
     row = dict(times_s=dict(compute=[[1.0, 1.0, 3.0]], step=[[1.1, 2.0, 3.3]],
                             allreduce=[[0.5, 1.6, 1.0]]))
-    excess, err = compare.bound_excess(row)
+    excess, err = compare_stats.bound_excess(row)
     assert excess == pytest.approx(0.1)              # median of 0.1, 0.25, 0.1
     assert err == pytest.approx(0.0)
     # unequal lengths: cut to the shortest, as the other paired figures are
     row['times_s']['allreduce'] = [[0.5]]
-    assert compare.bound_excess(row)[0] == pytest.approx(0.1)
+    assert compare_stats.bound_excess(row)[0] == pytest.approx(0.1)
 
 
 def fp16_rows():
@@ -419,8 +421,9 @@ def fp16_rows():
     ddp = dict(compute=t, serial=[[1.5, 1.5]] * 2, full=[[1.3, 1.3]] * 2,
                allreduce=[[0.5, 0.5]] * 2, grad_bytes=8, params=2, torch='x')
     spec = dict(batch=8, threads=1, wire_dtypes=['float32', 'float16'])
-    return compare.summarize('m', 'shm', spec, [ours],
-                             {(0.1, 'none'): [ddp], (0.1, 'fp16'): [dict(ddp, hook_check={})]})
+    return compare_stats.summarize(
+        'm', 'shm', spec, [ours],
+        {(0.1, 'none'): [ddp], (0.1, 'fp16'): [dict(ddp, hook_check={})]})
 
 
 def test_fp16_systems_rows_and_targets():
@@ -437,7 +440,7 @@ def test_fp16_systems_rows_and_targets():
     assert by['theanompi_ext/ar-overlap']['bound_excess'] == pytest.approx(0.4)
     assert [by[s]['wire_dtype'] for s in ('pytorch/ddp-gloo-0.1mb',
                                           'pytorch/ddp-gloo-0.1mb-fp16')] == ['float32', 'float16']
-    text = compare.targets(rows)
+    text = compare_verdicts.targets(rows)
     # float32 against the plain DDP only, the 16-bit system against the hook only
     assert 'targets vs pytorch/ddp-gloo-0.1mb: overhead +40.0% vs +30.0%: NOT met' in text
     assert 'targets vs pytorch/ddp-gloo-0.1mb-fp16' not in text
@@ -457,17 +460,17 @@ def test_fp16_hidden_fraction_met_only_above_the_combined_error():
     ddp = next(r for r in rows if r['system'] == 'pytorch/ddp-gloo-0.1mb-fp16')
     ours.update(hidden_fraction=0.80, hidden_fraction_err=0.06)
     ddp.update(hidden_fraction=0.75, hidden_fraction_err=0.08)   # combined error 0.10
-    line = compare._target(ours, ddp, strict=True)
+    line = compare_verdicts._target(ours, ddp, strict=True)
     assert line.endswith('hidden fraction 0.80 +- 0.06 vs 0.75 +- 0.08: '
                          'NOT met (within noise, +-0.10)'), line
     # the float32 rule (no smaller) calls the same figures met, within noise
-    assert compare._target(ours, ddp).endswith('met (within noise, +-0.10)')
+    assert compare_verdicts._target(ours, ddp).endswith('met (within noise, +-0.10)')
     ours['hidden_fraction'] = 0.86                               # 0.11 above: met
-    assert compare._target(ours, ddp, strict=True).endswith('0.75 +- 0.08: met')
+    assert compare_verdicts._target(ours, ddp, strict=True).endswith('0.75 +- 0.08: met')
     # the exchange ratio's verdict: above 0.55 by less than its error
     ours.update(wire_time_ratio=0.57, wire_time_ratio_err=0.03, wire_dtype='float16')
-    assert compare._ratio_target(ours).endswith('x0.570 +- 0.030 (x0.55 or less): '
-                                                'NOT met (within noise, +-0.030)')
+    assert compare_verdicts._ratio_target(ours).endswith('x0.570 +- 0.030 (x0.55 or less): '
+                                                         'NOT met (within noise, +-0.030)')
 
 
 @pytest.mark.parametrize('bad', ['float8', 'float32,int8', 'float16,float16', ','])
@@ -492,8 +495,8 @@ def test_fp16_hook_check_fails_without_the_hook():
     try:
         checks = []
         for hook in ('fp16', 'none'):
-            spec = dict(model_spec=compare.MODEL_SPECS['digits_cnn'], ddp_bucket_cap_mb=25,
-                        ddp_comm_hook=hook)
+            spec = dict(model_spec=compare_systems.MODEL_SPECS['digits_cnn'],
+                        ddp_bucket_cap_mb=25, ddp_comm_hook=hook)
             ddp = ddp_worker._ddp(ddp_worker.build_model(spec['model_spec']), spec)
             params = [p for p in ddp.parameters() if p.requires_grad]
             x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))

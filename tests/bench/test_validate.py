@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from theanompi_ext.bench.validate import (block_link_seconds, link_seconds, predict,
-                                          stats_steps, tbf_link, wire_cast_cpu)
+                                          stats_steps, wire_cast_cpu)
+from theanompi_ext.launch.emulated_network import tbf_link
 
 MS = 1e3
 

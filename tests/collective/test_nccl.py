@@ -19,12 +19,13 @@ import types
 import numpy as np
 import pytest
 
-from theanompi_ext.collective import nccl, nccl_lib
+from theanompi_ext.collective import nccl, nccl_lib, nccl_probe
 from theanompi_ext.theanompi_compat import strategy
-from theanompi_ext.collective.nccl import (NCCLCommunicator, check_sizes,
-                                           check_one_rank_per_gpu, device_buffer,
-                                           device_pointer, float32_device_buffer,
-                                           is_device_array, probe)
+from theanompi_ext.collective.nccl import NCCLCommunicator
+from theanompi_ext.collective.nccl_buffers import (device_buffer, device_pointer,
+                                                   float32_device_buffer, is_device_array)
+from theanompi_ext.collective.nccl_checks import check_sizes, check_one_rank_per_gpu
+from theanompi_ext.collective.nccl_probe import probe
 from theanompi_ext.collective.nccl_lib import NCCLUnavailable, NCCLError, ENV_LIB
 from theanompi_ext.collective.pygpu_nccl import PygpuNCCLCommunicator, make_gpucomm
 from theanompi_ext.collective.registry import create_communicator, available_backends
@@ -113,13 +114,13 @@ def test_no_library_anywhere(monkeypatch):
 def test_probe_never_raises(monkeypatch):
     def boom():
         raise ZeroDivisionError('unexpected')
-    monkeypatch.setattr(nccl, 'load_library', boom)
+    monkeypatch.setattr(nccl_probe, 'load_library', boom)
     ok, why = probe()
     assert not ok and 'ZeroDivisionError' in why
 
 
 def test_probe_no_device_with_fake_cupy(monkeypatch):
-    monkeypatch.setattr(nccl, 'load_library', lambda: FakeLib())
+    monkeypatch.setattr(nccl_probe, 'load_library', lambda: FakeLib())
     ok, why = probe(_cupy=fake_cupy(ndev=0))
     assert not ok
     assert why.startswith('NCCL 2.28.9 loaded but no CUDA device')
@@ -368,7 +369,8 @@ TWO_RANKS = textwrap.dedent("""
     sys.path.insert(0, %(tests)r)
     from mpi4py import MPI
     from support.fakes import FakeLib, fake_cupy, FakeCupyArray
-    from theanompi_ext.collective.nccl import NCCLCommunicator, NCCLUnavailable
+    from theanompi_ext.collective.nccl import NCCLCommunicator
+    from theanompi_ext.collective.nccl_lib import NCCLUnavailable
     w = MPI.COMM_WORLD
     r = w.Get_rank()
     log = open('%(out)s.%%d' %% r, 'w')      # one file per rank: stdout lines interleave
@@ -449,10 +451,10 @@ HANG = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, %(scripts)r)
     import device_nccl_check
-    from theanompi_ext.collective import nccl
+    from theanompi_ext.collective import nccl_probe
     def probe():
         time.sleep(60)          # stands in for a hang in NCCL or MPI init
-    nccl.probe = probe
+    nccl_probe.probe = probe
     device_nccl_check.main(['--timeout', '1'])
     print('NOT ENDED')
 """)

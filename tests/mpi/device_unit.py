@@ -77,7 +77,7 @@ def check_bucket_views():
 
 def check_nccl_answers():
     """The NCCL layer answers for an OpenCL array (no pygpu TypeError leaks)."""
-    from theanompi_ext.collective.nccl import device_buffer, is_device_array
+    from theanompi_ext.collective.nccl_buffers import device_buffer, is_device_array
     a = engine.device_zeros(8)[2:6]
     assert is_device_array(a) is False
     try:

@@ -28,19 +28,18 @@ the 16-bit wire is faster).
 
 The command launches ``mpiexec -n RANKS`` itself unless it already runs
 inside an MPI job; ``--network tbf:RATE`` runs the ranks in a rate-limited
-network namespace with MPI on TCP (see :mod:`.overlap`).
+network namespace with MPI on TCP (see
+:mod:`theanompi_ext.launch.emulated_network`).
 """
-import json
-import os
 import re
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_FAILED, EXIT_OK
-from .common import add_common_options, rank_main
+from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
+from .common import add_common_options, rank_main, run_job
 from ..atomic import write_json
 
 METHODS = ('raw', 'ours', 'started')
@@ -77,7 +76,6 @@ def register(sub):
 
 def main(args):
     """Measure (launching mpiexec unless inside one), print the table, write --json."""
-    from .overlap import parse_network, format_network, NetworkSetupError
     try:
         spec = make_spec(args)
         networks = [parse_network(n) for n in (args.network or ['shm'])]
@@ -96,8 +94,8 @@ def main(args):
         results = []
         for net in networks:
             try:
-                results.append(run_ranks('theanompi_ext.bench.allreduce', spec, net,
-                                         args.ranks, args.timeout))
+                results.append(run_job('theanompi_ext.bench.allreduce', spec, net,
+                                       args.ranks, args.timeout))
             except (NetworkSetupError, RuntimeError) as exc:
                 sys.stderr.write('theanompi-ext bench allreduce: %s: %s\n'
                                  % (format_network(net), exc))
@@ -132,38 +130,6 @@ def parse_size(text):
     if n < 4 or n % 4:
         raise ValueError('size %r is not a positive multiple of 4 bytes (float32)' % text)
     return n
-
-
-def run_ranks(module, spec, net, ranks, timeout, env_extra=None):
-    """Run ``python -m module SPEC.json`` on ``ranks`` MPI ranks in network ``net``.
-
-    ``net`` is a parsed network (see :func:`.overlap.parse_network`);
-    ``env_extra`` overrides variables of the ranks' environment. Rank 0
-    writes its result as JSON to ``spec['out']``; that result is returned.
-    Raises RuntimeError when the ranks fail, NetworkSetupError when the
-    namespace cannot be made.
-    """
-    from ..launch import mpiexec_command, run_mpiexec
-    from ..launch.mpiexec import child_env
-    from .overlap import RateLimitedNamespace, TCP_ENV, format_network
-    env = child_env()
-    env.update(env_extra or {})
-    with tempfile.TemporaryDirectory(prefix='bench-') as tmp:
-        spec = dict(spec, out=os.path.join(tmp, 'result.json'), network=format_network(net))
-        path = os.path.join(tmp, 'spec.json')
-        write_json(path, spec, 'the job spec')
-        cmd = mpiexec_command(ranks, [sys.executable, '-u', '-m', module, path])
-        if net[0] == 'shm':
-            status = run_mpiexec(cmd, env=env, timeout=timeout)
-        else:
-            for k, v in TCP_ENV.items():
-                env.setdefault(k, v)
-            with RateLimitedNamespace(net[1]) as ns:
-                status = run_mpiexec(ns.wrap(cmd), env=env, timeout=timeout)
-        if status != 0:
-            raise RuntimeError('the ranks failed (exit status %d)' % status)
-        with open(spec['out']) as f:
-            return json.load(f)
 
 
 # -- the table ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ While a benchmark runs, SIGTERM and SIGHUP end it through ``SystemExit``
 (status 128 + the signal), as Ctrl-C does through ``KeyboardInterrupt``:
 the ranks it started are stopped and a network namespace it made is
 deleted on the way out (``launch/mpiexec.wait_job``,
-``bench/overlap.RateLimitedNamespace``).
+``launch/emulated_network.run_on_network``).
 """
 import signal
 import sys

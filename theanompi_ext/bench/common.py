@@ -1,8 +1,12 @@
-"""What the benchmarks share: their common options and each rank's entry point."""
+"""What the benchmarks share: their common options, running a job, each rank's entry point."""
 import json
+import os
+import sys
+import tempfile
 
 from ..argtypes import output_path
 from ..atomic import write_json
+from ..errors import EXIT_TIMED_OUT
 
 
 def add_common_options(p, network_example, timeout_s, json_help='write the results to FILE',
@@ -36,3 +40,33 @@ def rank_main(spec_path, measure):
         if world_comm().Get_rank() == 0:
             write_json(spec['out'], res, 'the rank results')
     return guarded(run)
+
+
+def run_job(module, spec, net, ranks, timeout, env_extra=None):
+    """Run ``python -m module SPEC.json`` on ``ranks`` MPI ranks in network ``net``.
+
+    ``net`` is a parsed network (see
+    :func:`theanompi_ext.launch.emulated_network.parse_network`);
+    ``env_extra`` overrides variables of the ranks' environment. The spec
+    gets ``out`` (where rank 0 writes its result as JSON, see
+    :func:`rank_main`) and ``network``; that result is returned. Raises
+    RuntimeError when the ranks fail or outlast ``timeout`` seconds,
+    NetworkSetupError when the emulated network cannot be made.
+    """
+    from ..launch import mpiexec_command
+    from ..launch.emulated_network import format_network, run_on_network
+    from ..launch.mpiexec import child_env
+    env = child_env()
+    env.update(env_extra or {})
+    with tempfile.TemporaryDirectory(prefix='bench-') as tmp:
+        spec = dict(spec, out=os.path.join(tmp, 'result.json'), network=format_network(net))
+        path = os.path.join(tmp, 'spec.json')
+        write_json(path, spec, 'the job spec')
+        cmd = mpiexec_command(ranks, [sys.executable, '-u', '-m', module, path])
+        status = run_on_network(cmd, net, env, timeout)
+        if status == EXIT_TIMED_OUT:
+            raise RuntimeError('stopped after --timeout %g s' % timeout)
+        if status != 0:
+            raise RuntimeError('the ranks failed (exit status %d)' % status)
+        with open(spec['out']) as f:
+            return json.load(f)

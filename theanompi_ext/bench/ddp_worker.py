@@ -122,7 +122,7 @@ def build_digits_cnn(width=16, n_classes=10, in_channels=1, seed=0):
 
 
 def build_model(model_spec, n_classes=10, seed=0):
-    """The PyTorch twin of a :data:`.compare.MODEL_SPECS` entry."""
+    """The PyTorch twin of a :data:`.compare_systems.MODEL_SPECS` entry."""
     shape = model_spec['input_shape']
     if model_spec['kind'] == 'cifar_resnet':
         return build_resnet(model_spec['depth'], model_spec['width'], n_classes, shape[0], seed)

@@ -26,33 +26,25 @@ gradient vector (its buckets are views of it).
 
 Networks
 --------
-``shm``          ranks on this machine, MPI over shared memory (default).
-``tbf:RATE``     e.g. ``tbf:200mbit``: the ranks run inside a fresh network
-                 namespace whose loopback is rate-limited by the ``tbf``
-                 queueing discipline, and MPICH is forced onto TCP
-                 (``MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi
-                 FI_PROVIDER=tcp``), emulating a network that moves bytes
-                 without the CPU. Needs root and ``ip``/``tc`` (iproute2);
-                 the namespace is deleted afterwards, also on failure.
+``shm`` (ranks on this machine, MPI over shared memory; default) or
+``tbf:RATE`` (e.g. ``tbf:200mbit``: a rate-limited network namespace, MPI
+on TCP; needs root and ``ip``/``tc``), as emulated by
+:mod:`theanompi_ext.launch.emulated_network`.
 """
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
 from ..argtypes import output_path
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
-from .common import add_common_options
+from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
+from .common import add_common_options, run_job
 from ..atomic import write_json
 
 MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
-TCP_ENV = {'MPIR_CVAR_NOLOCAL': '1', 'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp'}
 JSON_KEYS = ('model', 'network', 'compute_s', 'serial_s', 'overlap_s', 'allreduce_s',
              'exposed_comm_s', 'hidden_fraction', 'extra_bytes')
 
@@ -168,121 +160,18 @@ def parse_comm_thread(text):
                      "'poll:US' (US > 0), got %r" % text)
 
 
-def parse_network(text):
-    """'shm' -> ('shm', None); 'tbf:200mbit' -> ('tbf', '200mbit')."""
-    if text == 'shm':
-        return ('shm', None)
-    kind, _, rate = text.partition(':')
-    if kind == 'tbf' and re.fullmatch(r'\d+(\.\d+)?([kmg]?bit|[kmg]?bps)', rate or ''):
-        return ('tbf', rate)
-    raise ValueError("unknown network %r: use 'shm' or 'tbf:RATE' (e.g. tbf:200mbit)" % text)
-
-
-def format_network(net):
-    """The inverse of :func:`parse_network`."""
-    return net[0] if net[1] is None else '%s:%s' % net
-
-
-def run_ranks(cmd, env, timeout):
-    """Run the mpiexec ``cmd`` in its own process group; return its exit status.
-
-    Any exception here (Ctrl-C, SIGTERM turned into SystemExit by
-    :func:`main`) stops every rank before it propagates, so the caller's
-    clean-up (deleting the network namespace) runs with no rank left.
-    """
-    from ..launch.mpiexec import popen_job, wait_job
-    return wait_job(popen_job(cmd, env), timeout)   # own group, and killed with this process
-
-
 def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
     """Start the ranks for one network setting; return their result rows."""
-    from ..launch import mpiexec_command
-    from ..launch.mpiexec import child_env
-    env = child_env()
+    env = {}
     for item in mpi_env:
         key, sep, value = item.partition('=')
         if not sep or not key:
             raise RuntimeError('--mpi-env wants KEY=VALUE, got %r' % item)
         env[key] = value
-    with tempfile.TemporaryDirectory(prefix='bench-overlap-') as tmp:
-        spec = dict(spec, out=os.path.join(tmp, 'results.json'), network=format_network(net))
-        if spec['timeline']:
-            spec['timeline'] = '%s-%s' % (spec['timeline'], re.sub(r'\W', '', spec['network']))
-        spec_path = os.path.join(tmp, 'spec.json')
-        write_json(spec_path, spec, 'the job spec')
-        cmd = mpiexec_command(workers, [sys.executable, '-u', '-m', 'theanompi_ext.bench.overlap',
-                                        spec_path])
-        if net[0] == 'shm':
-            status = run_ranks(cmd, env, timeout)
-        else:
-            for k, v in TCP_ENV.items():
-                env.setdefault(k, v)
-            with RateLimitedNamespace(net[1]) as ns:
-                status = run_ranks(ns.wrap(cmd), env, timeout)
-        if status == 124:
-            raise RuntimeError('stopped after --timeout %g s' % timeout)
-        if status != 0:
-            raise RuntimeError('the ranks failed (exit status %d)' % status)
-        with open(spec['out']) as f:
-            return json.load(f)
-
-
-# -- the rate-limited network namespace -----------------------------------------
-
-class NetworkSetupError(RuntimeError):
-    """The emulated network cannot be set up here (and why)."""
-
-
-def netns_problem():
-    """Why a rate-limited namespace cannot be made here, or None."""
-    if not hasattr(os, 'geteuid') or os.geteuid() != 0:
-        return 'the tbf network mode needs root (it creates a network namespace)'
-    missing = [t for t in ('ip', 'tc') if shutil.which(t) is None]
-    if missing:
-        return ('%s not found: install iproute2 (apt-get install iproute2)'
-                % ' and '.join(missing))
-    return None
-
-
-class RateLimitedNamespace(object):
-    """A fresh network namespace whose loopback is limited to ``rate`` by tbf.
-
-    ``with RateLimitedNamespace('200mbit') as ns: run(ns.wrap(cmd))``; the
-    namespace is deleted on leaving the block, whatever happened in it.
-    """
-
-    def __init__(self, rate, burst='256kb', latency='50ms'):
-        self.rate, self.burst, self.latency = rate, burst, latency
-        self.name = 'tmxbench%d' % os.getpid()
-
-    def __enter__(self):
-        problem = netns_problem()
-        if problem:
-            raise NetworkSetupError(problem)
-        self._ip('netns', 'add', self.name)
-        try:
-            self._ip('netns', 'exec', self.name, 'ip', 'link', 'set', 'lo', 'up')
-            self._ip('netns', 'exec', self.name, 'tc', 'qdisc', 'add', 'dev', 'lo', 'root',
-                     'tbf', 'rate', self.rate, 'burst', self.burst, 'latency', self.latency)
-        except NetworkSetupError:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def wrap(self, cmd):
-        """``cmd`` run inside the namespace (the environment passes through)."""
-        return ['ip', 'netns', 'exec', self.name] + list(cmd)
-
-    def __exit__(self, *exc):
-        subprocess.run(['ip', 'netns', 'del', self.name], capture_output=True)
-        return False
-
-    @staticmethod
-    def _ip(*argv):
-        res = subprocess.run(('ip',) + argv, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise NetworkSetupError('`ip %s` failed: %s' % (' '.join(argv),
-                                                            res.stderr.strip()))
+    spec = dict(spec)
+    if spec['timeline']:
+        spec['timeline'] = '%s-%s' % (spec['timeline'], re.sub(r'\W', '', format_network(net)))
+    return run_job('theanompi_ext.bench.overlap', spec, net, workers, timeout, env)
 
 
 # -- the table ------------------------------------------------------------------

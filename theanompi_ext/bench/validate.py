@@ -67,7 +67,7 @@ def register(sub):
 
 def main(args):
     """Measure every k (or read the kept measurements), predict it, print the comparison."""
-    from .overlap import NetworkSetupError, parse_network
+    from ..launch.emulated_network import NetworkSetupError, parse_network
     from ..simulate.cli import parse_gpus
     from ..simulate.trace import bucket_bytes
     try:
@@ -128,6 +128,7 @@ RUNS_FILE = 'runs.json'
 
 def network_link(net):
     """The emulated link of a parsed ``--network`` (None for shared memory)."""
+    from ..launch.emulated_network import tbf_link
     return tbf_link(net[1]) if net[0] == 'tbf' else None
 
 
@@ -191,22 +192,6 @@ def load_runs(folder):
     if not measured:
         raise ValueError('--from-runs: %r holds no runs' % (path,))
     return measured, casts, info
-
-
-TC_RATE = {'bit': 1.0, 'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9,
-           'bps': 8.0, 'kbps': 8e3, 'mbps': 8e6, 'gbps': 8e9}
-TC_SIZE = {'b': 1, 'kb': 1024, 'mb': 1024 ** 2}
-
-
-def tbf_link(rate, burst=None):
-    """``(bytes/s, burst bytes)`` of a ``tbf`` setting in tc's units ('200mbit', '256kb')."""
-    import re
-    from .overlap import RateLimitedNamespace
-    burst = burst or RateLimitedNamespace(rate).burst
-    m, b = re.fullmatch(r'([0-9.]+)([kmg]?bit|[kmg]?bps)', rate), re.fullmatch(r'([0-9.]+)([km]?b)', burst)
-    if not m or not b:
-        raise ValueError('tbf rate %r / burst %r: not in tc units' % (rate, burst))
-    return float(m.group(1)) * TC_RATE[m.group(2)] / 8, float(b.group(1)) * TC_SIZE[b.group(2)]
 
 
 def link_seconds(wire_bytes, k, link, refill_s=float('inf')):

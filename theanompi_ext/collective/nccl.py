@@ -17,22 +17,13 @@ makes the *current* stream wait on ``done`` (host stays free) or, with
 ``sync=True``, blocks the host until the sum is there.
 
 Buffers
-    Device arrays by contract, not by type: a CuPy ``ndarray`` (``.data.ptr``),
-    a pygpu ``GpuArray`` on a CUDA context (``.gpudata``: since pygpu 0.6.9
-    the address of the view itself, ``.offset`` already included), or any
-    object with ``__cuda_array_interface__``. They must be float32 and
-    C-contiguous. A numpy array is refused with a ``TypeError`` (host memory
-    belongs to the ``mpi`` backend).
+    Float32, C-contiguous device arrays: what is accepted and how its
+    address is found is in :mod:`.nccl_buffers`; a numpy array is refused
+    with a ``TypeError`` (host memory belongs to the ``mpi`` backend).
 
 Mismatched sizes across ranks
-    NCCL given different counts on different ranks hangs or corrupts
-    memory, so sizes are checked over MPI before NCCL sees them.
-    ``size_check='first'`` (default): the first start of each *name*
-    allgathers ``(name, count)`` from every rank and compares; later starts
-    of a known name with the same count cost nothing (a changed count is
-    re-checked). Unnamed buffers have no identity to remember and are
-    checked on every start. ``'always'`` checks every start (debugging),
-    ``'off'`` never. :meth:`NCCLCommunicator.check_plan` checks a whole
+    Checked over MPI before NCCL sees them (``size_check``, see
+    :mod:`.nccl_checks`). :meth:`NCCLCommunicator.check_plan` checks a whole
     bucket plan in one allgather and marks its names as checked.
 
 16-bit wire (``start_allreduce(..., wire='float16'|'bfloat16')``)
@@ -49,259 +40,17 @@ Mismatched sizes across ranks
 import socket
 import time
 
-import numpy as np
-
 from .base import Communicator, Handle, ObjectsOverMPI, check_timeout, wait_test
 from .world import world_comm
+from .nccl_buffers import float32_device_buffer
+from .nccl_checks import SizeChecked, check_one_rank_per_gpu, check_sizes
 from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM, NCCL_MAX, NCCL_MIN,
-                       NCCL_FLOAT16, NCCL_BFLOAT16, load_library, INSTALL_HINT, SHORT_HINT)
+                       NCCL_FLOAT16, NCCL_BFLOAT16, load_library)
+from .nccl_probe import device_count, import_cupy
 from .wire import WIRE_DTYPES, bfloat16_to_float32, float32_to_bfloat16
 
-CUPY_HINT = ('pip install cupy-cuda12x (CUDA 12) or cupy-cuda13x (CUDA 13), or '
-             'theanompi_ext[gpu] / [gpu-cu13]')
-SIZE_CHECKS = ('first', 'always', 'off')
 
-
-# -- device buffers -----------------------------------------------------------
-
-class DeviceBuffer(object):
-    """What a collective needs to know about a device array.
-
-    ``ptr`` (int, offset included), ``count`` (elements), ``dtype`` (numpy
-    dtype), ``contiguous`` (C order), ``kind`` ('cupy', 'pygpu', 'cai'),
-    ``device`` (CUDA ordinal or None when unknown), ``stream`` (raw stream
-    handle the producer used, from ``__cuda_array_interface__`` v3, or None),
-    ``readonly``.
-    """
-    __slots__ = ('ptr', 'count', 'dtype', 'contiguous', 'kind', 'device',
-                 'stream', 'readonly')
-
-    def __init__(self, ptr, count, dtype, contiguous, kind, device=None,
-                 stream=None, readonly=False):
-        self.ptr = int(ptr)
-        self.count = int(count)
-        self.dtype = np.dtype(dtype)
-        self.contiguous = bool(contiguous)
-        self.kind = kind
-        self.device = device
-        self.stream = stream
-        self.readonly = bool(readonly)
-
-    def __repr__(self):
-        return ('DeviceBuffer(kind=%s, ptr=0x%x, count=%d, dtype=%s, contiguous=%s)'
-                % (self.kind, self.ptr, self.count, self.dtype, self.contiguous))
-
-
-def _type_name(obj):
-    t = type(obj)
-    mod = t.__module__
-    return t.__name__ if mod == 'builtins' else '%s.%s' % (mod, t.__name__)
-
-
-def _c_contiguous_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
-def _pygpu_contiguous(obj):
-    flags = getattr(obj, 'flags', None)
-    if flags is None:
-        return True
-    try:
-        return bool(flags.c_contiguous)
-    except AttributeError:
-        return bool(flags['C_CONTIGUOUS'])   # pygpu < 0.7 returned a dict
-
-
-def _pygpu_kind(obj):
-    """The context kind (``'cuda'``, ``'opencl'``) of a pygpu array, else None.
-
-    Asked before ``.gpudata``, which raises TypeError on an OpenCL array.
-    """
-    kind = getattr(getattr(obj, 'context', None), 'kind', None)
-    if isinstance(kind, bytes):
-        kind = kind.decode('ascii', 'replace')
-    return kind
-
-
-def is_device_array(obj):
-    """True when ``obj`` looks like a GPU array this layer can address
-    (a pygpu array on an OpenCL context is not: NCCL needs CUDA)."""
-    if obj is None or isinstance(obj, np.ndarray):
-        return False
-    kind = _pygpu_kind(obj)
-    if kind is not None:
-        return kind == 'cuda'
-    if hasattr(obj, 'gpudata'):
-        return True
-    data = getattr(obj, 'data', None)
-    if data is not None and isinstance(getattr(data, 'ptr', None), int):
-        return True
-    return hasattr(obj, '__cuda_array_interface__')
-
-
-def device_buffer(obj):
-    """Describe a device array as a :class:`DeviceBuffer`.
-
-    The pointer comes, by documented contract and in this order, from
-    ``.gpudata`` (pygpu GpuArray on CUDA; the offset of a view is already
-    in it), ``.data.ptr`` (CuPy ndarray) or ``__cuda_array_interface__``.
-    Raises ``TypeError`` naming the type for anything else, e.g. a numpy
-    array (host memory) or a pygpu array on an OpenCL context.
-    """
-    if isinstance(obj, np.ndarray):
-        raise TypeError('NCCL allreduce needs a device array (CuPy ndarray, pygpu '
-                        'GpuArray or an object with __cuda_array_interface__), got '
-                        'numpy.ndarray in host memory; use the "mpi" backend for '
-                        'host buffers')
-    kind = _pygpu_kind(obj)
-    if kind is not None or hasattr(obj, 'gpudata'):
-        if kind is not None and kind != 'cuda':
-            raise TypeError('pygpu array lives on an %s context; NCCL needs CUDA (use the '
-                            'host-staged MPI path for it)' % kind)
-        # pygpu >= 0.6.9: gpudata is the address of the view (base + offset);
-        # adding .offset again would point past it for every view but the first.
-        return DeviceBuffer(int(obj.gpudata), obj.size, obj.dtype, _pygpu_contiguous(obj),
-                            'pygpu')
-    data = getattr(obj, 'data', None)
-    if data is not None and isinstance(getattr(data, 'ptr', None), int):
-        dev = getattr(obj, 'device', None)
-        dev_id = getattr(dev, 'id', None)
-        flags = getattr(obj, 'flags', None)
-        contiguous = bool(getattr(flags, 'c_contiguous', True))
-        return DeviceBuffer(data.ptr, obj.size, obj.dtype, contiguous, 'cupy', device=dev_id)
-    cai = getattr(obj, '__cuda_array_interface__', None)
-    if isinstance(cai, dict):
-        ptr, readonly = cai['data']
-        shape = tuple(int(n) for n in cai['shape'])
-        dtype = np.dtype(cai['typestr'])
-        strides = cai.get('strides')
-        count = int(np.prod(shape)) if shape else 1
-        contiguous = (strides is None or count <= 1 or
-                      tuple(strides) == _c_contiguous_strides(shape, dtype.itemsize))
-        stream = cai.get('stream')
-        # CAI v3: 0 is disallowed, None means "no synchronisation needed".
-        stream = int(stream) if stream else None
-        return DeviceBuffer(ptr or 0, count, dtype, contiguous, 'cai',
-                            stream=stream, readonly=readonly)
-    raise TypeError('NCCL allreduce needs a device array (CuPy ndarray, pygpu GpuArray '
-                    'or an object with __cuda_array_interface__), got %s' % _type_name(obj))
-
-
-def device_pointer(obj):
-    """The device address (int) of a device array; see :func:`device_buffer`."""
-    return device_buffer(obj).ptr
-
-
-def float32_device_buffer(obj):
-    """:func:`device_buffer`, refusing what an in-place float32 sum cannot use."""
-    info = device_buffer(obj)
-    if info.dtype != np.float32:
-        raise TypeError('NCCL allreduce needs float32, got %s (%s)' % (info.dtype, _type_name(obj)))
-    if not info.contiguous:
-        raise ValueError('NCCL allreduce needs a C-contiguous buffer (copy it into a '
-                         'contiguous bucket first), got a strided %s' % _type_name(obj))
-    if info.readonly:
-        raise ValueError('NCCL allreduce sums in place; the buffer is read-only')
-    return info
-
-
-# -- cross-rank checks (pure functions: unit-tested with fake gathered lists) --
-
-def check_sizes(gathered):
-    """Raise ``ValueError`` unless every rank started the same buffers.
-
-    ``gathered[r]`` is rank r's list of ``(name, count)`` in start order
-    (what an allgather of each rank's list returns).
-    """
-    ref = list(gathered[0])
-    problems = []
-    for r, entries in enumerate(gathered[1:], 1):
-        entries = list(entries)
-        if len(entries) != len(ref):
-            problems.append('rank 0 started %d buffer(s), rank %d started %d'
-                            % (len(ref), r, len(entries)))
-            continue
-        for i, (mine, theirs) in enumerate(zip(ref, entries)):
-            if tuple(mine) != tuple(theirs):
-                problems.append('allreduce #%d: rank 0 has %r (%d float32), rank %d has %r (%d float32)'
-                                % (i, mine[0], mine[1], r, theirs[0], theirs[1]))
-                break
-    if problems:
-        shown = problems[:4] + (['... %d more rank(s)' % (len(problems) - 4)]
-                                if len(problems) > 4 else [])
-        raise ValueError('allreduce buffers differ across ranks: %s. Every rank must '
-                         'start the same buffers, same sizes, same order (same model, '
-                         'same bucket plan).' % '; '.join(shown))
-
-
-def check_one_rank_per_gpu(gathered):
-    """Raise ``RuntimeError`` when two ranks would share one GPU.
-
-    ``gathered[r]`` is ``(hostname, pci_bus_id)`` of rank r (bus id None
-    when unknown; such ranks are not compared). NCCL refuses duplicate
-    GPUs in a communicator; saying so here names the ranks.
-    """
-    seen = {}
-    for r, (host, bus) in enumerate(gathered):
-        if bus is None:
-            continue
-        seen.setdefault((host, bus), []).append(r)
-    clashes = ['ranks %s on %s GPU %s' % (','.join(map(str, rs)), host, bus)
-               for (host, bus), rs in sorted(seen.items()) if len(rs) > 1]
-    if clashes:
-        raise RuntimeError('NCCL needs one rank per GPU, but %s. Launch at most one '
-                           'rank per GPU per node (bind by local rank, or set '
-                           'CUDA_VISIBLE_DEVICES per rank).' % '; '.join(clashes))
-
-
-class SizeChecked(object):
-    """Cross-rank size checks of the device backends (module docstring).
-
-    Needs ``self.comm``, ``self.size``; :meth:`_init_size_check` sets the rest.
-    """
-
-    def _init_size_check(self, size_check):
-        if size_check not in SIZE_CHECKS:
-            raise ValueError('size_check must be one of %s, got %r' % (SIZE_CHECKS, size_check))
-        self.size_check = size_check
-        self._seen = {}
-
-    def _check_size(self, name, count):
-        if self.size == 1 or self.size_check == 'off':
-            return
-        if self.size_check == 'first' and name is not None and self._seen.get(name) == count:
-            return
-        check_sizes([[entry] for entry in self.comm.allgather((name, count))])
-        if name is not None:
-            self._seen[name] = count
-
-
-# -- helpers ------------------------------------------------------------------
-
-def _import_cupy():
-    try:
-        import cupy
-    except Exception as exc:
-        raise NCCLUnavailable('the NCCL backend needs CuPy for CUDA streams and events '
-                              '(%s: %s): %s' % (type(exc).__name__, exc, CUPY_HINT))
-    return cupy
-
-
-def _device_count(cp):
-    try:
-        n = cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        raise NCCLUnavailable('no CUDA device visible to this process (%s: %s)'
-                              % (type(exc).__name__, exc))
-    if n < 1:
-        raise NCCLUnavailable('no CUDA device visible to this process '
-                              '(check CUDA_VISIBLE_DEVICES)')
-    return n
-
+# -- setup helpers ------------------------------------------------------------------
 
 # Asked for when CuPy cannot tell the device's range: CUDA clamps a priority
 # outside the range to its nearest end (cudaStreamCreateWithPriority), so
@@ -336,29 +85,6 @@ def _local_rank(comm):
     except Exception:
         pass
     return comm.Get_rank(), None
-
-
-def probe(_cupy=None):
-    """``(ok, reason)``: can the NCCL backend run here? Never raises."""
-    try:
-        try:
-            lib = load_library()
-        except NCCLUnavailable as exc:
-            if 'not installed' in str(exc):
-                return False, 'libnccl not installed (%s)' % SHORT_HINT
-            return False, str(exc)
-        ver = 'NCCL %s' % lib.version_string()
-        try:
-            cp = _cupy if _cupy is not None else _import_cupy()
-        except NCCLUnavailable:
-            return False, '%s loaded but CuPy missing (%s)' % (ver, CUPY_HINT)
-        try:
-            n = _device_count(cp)
-        except NCCLUnavailable as exc:
-            return False, '%s loaded but %s' % (ver, exc)
-        return True, '%s from %s (%s), %d CUDA device(s)' % (ver, lib.path, lib.source, n)
-    except Exception as exc:   # the promise: report, never raise
-        return False, 'NCCL probe failed: %s: %s' % (type(exc).__name__, exc)
 
 
 # -- handle -------------------------------------------------------------------
@@ -463,7 +189,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         error, where, cause = None, (socket.gethostname(), None), None
         try:
             self.lib = lib if lib is not None else load_library()
-            self._cp = cupy if cupy is not None else _import_cupy()
+            self._cp = cupy if cupy is not None else import_cupy()
             self.device = self._select_device(device, local_rank)
             where = (where[0], self._bus_id())
             self.stream = self._as_stream(stream) if stream is not None else self._new_stream()
@@ -507,7 +233,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
 
     # -- setup helpers ----------------------------------------------------------
     def _select_device(self, device, local_rank):
-        n = _device_count(self._cp)
+        n = device_count(self._cp)
         if device is None:
             device = local_rank % n
         elif not 0 <= int(device) < n:
@@ -670,7 +396,5 @@ def device_from_wire(cp, w, x, wire):
         bfloat16_to_float32(w, x, xp=cp)
 
 
-__all__ = ['NCCLCommunicator', 'NCCLHandle', 'DeviceBuffer', 'device_buffer',
-           'device_pointer', 'float32_device_buffer', 'is_device_array',
-           'check_sizes', 'check_one_rank_per_gpu', 'probe', 'NCCLUnavailable',
-           'NCCLError', 'INSTALL_HINT']
+__all__ = ['NCCLCommunicator', 'NCCLHandle', 'device_from_wire', 'device_to_wire',
+           'greatest_priority']

@@ -21,7 +21,8 @@ pygpu is not installable from any reachable registry; this class is
 written to the documented API and tested against a fake that mirrors it.
 """
 from .base import Communicator, Handle, ObjectsOverMPI, check_op, check_timeout, check_wire
-from .nccl import SizeChecked, float32_device_buffer
+from .nccl_buffers import float32_device_buffer
+from .nccl_checks import SizeChecked
 from .world import world_comm
 
 

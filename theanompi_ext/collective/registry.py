@@ -80,7 +80,7 @@ def available_backends():
     except Exception as exc:
         out.append(('mpi', False, 'mpi4py unusable: %s' % exc))
     try:
-        from .nccl import probe
+        from .nccl_probe import probe
         ok, why = probe()
     except Exception as exc:
         ok, why = False, str(exc)

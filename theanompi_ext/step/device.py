@@ -28,7 +28,7 @@ def exchange_choice(requested, device, comm=None, probe=None):
     run is a :class:`DeviceErrorOnRanks` naming why, on every rank. With
     ``comm`` (the host communicator) the ranks agree: NCCL is taken only
     where every rank can run it (else ranks would wait on different
-    collectives). ``probe``: :func:`theanompi_ext.collective.nccl.probe`
+    collectives). ``probe``: :func:`theanompi_ext.collective.nccl_probe.probe`
     (tests inject one).
     """
     if requested not in EXCHANGE_PATHS:
@@ -53,7 +53,7 @@ def nccl_unavailable(device, probe=None):
     if not device.startswith('cuda'):
         return 'NCCL needs a CUDA device'
     if probe is None:
-        from ..collective.nccl import probe
+        from ..collective.nccl_probe import probe
     ok, why = probe()
     return None if ok else why
 

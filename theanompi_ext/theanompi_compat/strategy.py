@@ -33,13 +33,13 @@ def choose_backend(buf=None, probe=None):
     A GPU buffer with NCCL unusable raises :class:`NCCLUnavailable` naming
     what to install, since the MPI backend cannot sum device memory.
     ``probe``: injected ``() -> (ok, reason)`` (tests); default
-    :func:`theanompi_ext.collective.nccl.probe`.
+    :func:`theanompi_ext.collective.nccl_probe.probe`.
     """
-    from ..collective.nccl import is_device_array
+    from ..collective.nccl_buffers import is_device_array
     if not is_device_array(buf):
         return 'mpi'
     if probe is None:
-        from ..collective.nccl import probe
+        from ..collective.nccl_probe import probe
     ok, reason = probe()
     if ok:
         return 'nccl'
