@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import MPI_DIR, ROOT
-from theanompi_ext.devices import DeviceError, device_for_rank, parse_device, parse_device_list
+from theanompi_ext.engine.devices import DeviceError, device_for_rank, parse_device, parse_device_list
 from theanompi_ext.train.config import TrainConfig
 
 CLI = [sys.executable, '-m', 'theanompi_ext.cli']

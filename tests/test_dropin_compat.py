@@ -69,7 +69,7 @@ def test_devices_across_hosts_place_ranks_in_order():
 
 
 def test_users_theanorc_wins_over_our_defaults(tmp_path):
-    from theanompi_ext.engine_flags import merged_flags
+    from theanompi_ext.engine.flags import merged_flags
     rc = tmp_path / 'rc'
     rc.write_text('[global]\nfloatX = float64\n\n[blas]\nldflags = -lopenblas\n')
     flags = dict(f.split('=', 1) for f in merged_flags('', {'THEANORC': str(rc)}).split(','))

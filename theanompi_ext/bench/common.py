@@ -1,8 +1,8 @@
 """What the benchmarks share: their common options and each rank's entry point."""
 import json
 
-from ..argtypes import output_path
-from ..atomic import write_json
+from ..cli.argtypes import output_path
+from ..files.atomic import write_json
 
 
 def add_common_options(p, network_example, timeout_s, json_help='write the results to FILE',

@@ -70,7 +70,7 @@ from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from .common import add_common_options, rank_main
 from .timing import time_modes
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 SYSTEMS = ('theanompi_ext/ar-overlap', 'theanompi_ext/ar', 'pytorch/ddp-gloo')
 # Our modes without an exchange (shared by every wire), and those with one

@@ -33,7 +33,7 @@ def _model_source(modelfile):
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
-    from ..engine_flags import configured_environment
+    from ..engine.flags import configured_environment
     try:
         # find_spec imports the module's parent packages, which may import
         # Theano: configure it first, as the ranks do.
@@ -139,7 +139,7 @@ class BSP(object):
         from ..launch.devices import parse_devices, remote_hosts, host_args
         if not devices:
             raise ValueError('no devices given')
-        from ..devices import parse_device_list
+        from ..engine.devices import parse_device_list
         pairs = parse_devices(devices)
         devices = [d for _, d in pairs]
         parse_device_list(devices)      # an unknown device string: DeviceError, before launch

@@ -80,7 +80,7 @@ class ContractStepper(object):
         # order, params, layout, n_exch, buckets, exchanger, rule, ... (train/assemble.py)
         assemble_step(comm, model.params, contract_tags(model), settings, k,
                       names=names).install(self)
-        from ..engine import on_device     # Theano is loaded by now (the model)
+        from ..engine.core import on_device     # Theano is loaded by now (the model)
         self.exchange_path = 'host MPI'
         self.on_device = on_device()
         if self.on_device:

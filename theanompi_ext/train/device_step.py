@@ -79,9 +79,9 @@ def nccl_unavailable(device, probe=None):
 
 def install(trainer, exchange_path='auto'):
     """Swap ``trainer``'s params, gradient, exchanger and rule for device ones."""
-    from ..engine import device, device_context
+    from ..engine.core import device, device_context
     from ..exchange.nccl_device import nccl_exchanger
-    from ..device_params import DeviceParamSet, DeviceGradients
+    from ..params.device import DeviceParamSet, DeviceGradients
     from ..exchange.staged import HostStagedExchanger
     from ..update.device import DeviceOptimizer
     from ..update.policy import decay_vector

@@ -9,12 +9,12 @@ takes entry r, or, when MPI says how many ranks share this host, entry
 ``local rank`` (the same list on every host). A list of one is every rank's.
 
 Nothing here imports Theano: :func:`configure` must run before the first
-``import theanompi_ext.engine``, which reads :data:`ENV_VAR`.
+``import theanompi_ext.engine.core``, which reads :data:`ENV_VAR`.
 """
 import os
 import re
 
-from .errors import DeviceError
+from ..errors import DeviceError
 
 ENV_VAR = 'THEANOMPI_EXT_DEVICE'
 _PATTERN = re.compile(r'^(cpu\d*|cuda\d*|opencl\d+:\d+)$')
@@ -74,7 +74,7 @@ def configure(device):
     """
     import sys
     dev = parse_device(device)
-    engine = sys.modules.get('theanompi_ext.engine')
+    engine = sys.modules.get('theanompi_ext.engine.core')
     if engine is not None and engine.device() != dev:
         raise DeviceError('cannot switch to device %s: Theano is already loaded on %s in '
                           'this process' % (dev, engine.device()))

@@ -1,10 +1,10 @@
 """Open this rank's device and load the engine on it, agreeing with every rank.
 
-Above both :mod:`theanompi_ext.devices` (which must not import the engine:
-the device is chosen before Theano loads) and :mod:`theanompi_ext.engine`.
+Above both :mod:`.devices` (which must not import the engine:
+the device is chosen before Theano loads) and :mod:`.core`.
 """
 from .devices import configure, device_for_rank, local_rank
-from .errors import DeviceError, DeviceErrorOnRanks
+from ..errors import DeviceError, DeviceErrorOnRanks
 
 
 def open_on_every_rank(spec, comm):
@@ -18,7 +18,7 @@ def open_on_every_rank(spec, comm):
     err, dev = None, None
     try:
         dev = configure(device_for_rank(spec, comm.rank, local_rank()))
-        from . import engine  # noqa: F401  (imports Theano on that device)
+        from . import core  # noqa: F401  (imports Theano on that device)
     except DeviceError as exc:
         err = str(exc)
     errors = comm.allgather(err) if comm.size > 1 else [err]
