@@ -50,7 +50,7 @@ def _configure_and_import():
         # pocl compiles its kernels once per cache (~40 s for CLBlast's first call).
         # One folder per local rank: two ranks building the same kernel at once
         # into one folder failed (clBuildProgram: Unknown error).
-        from .devices import local_rank
+        from ..collective.world import local_rank   # at import, no comm: the launcher's variables
         base = os.environ.get('POCL_CACHE_DIR') or os.path.join(_cache_dir(), 'pocl')
         os.environ['POCL_CACHE_DIR'] = os.path.join(base, 'rank%d' % (local_rank() or 0))
         # pocl's CPU device: one thread per rank unless told (as for BLAS).

@@ -1,4 +1,4 @@
-"""Device strings, which device a rank takes, and telling the engine before Theano loads.
+"""Device strings and lists, which device a rank takes, and telling the engine before Theano loads.
 
 Device strings are Theano-MPI's (and Theano's): ``cpu`` (also ``cpu0``,
 ``cpu1``..., all the host), ``cuda`` / ``cuda0``, ``cuda1``... and
@@ -7,6 +7,12 @@ device on a machine without a GPU). A list (``cuda0,cuda1``, as Theano-MPI
 writes ``DEVICES=`` in its session files) gives one device per rank: rank r
 takes entry r, or, when MPI says how many ranks share this host, entry
 ``local rank`` (the same list on every host). A list of one is every rank's.
+
+Across nodes, Theano-MPI's ``DEVICES`` also names the hosts (its session
+files, a bash array): ``("node0:cuda0" "node1:cuda0,cuda1")`` reaches us as
+the list ``['node0:cuda0', 'node1:cuda0,cuda1']``: rank r takes the r-th
+device in that order (``opencl0:0`` is a device, not a host ``opencl0``).
+:func:`parse_devices` is the one parser of all these forms.
 
 Nothing here imports Theano: :func:`configure` must run before the first
 ``import theanompi_ext.engine.core``, which reads :data:`ENV_VAR`.
@@ -18,9 +24,8 @@ from ..errors import DeviceError
 
 ENV_VAR = 'THEANOMPI_EXT_DEVICE'
 _PATTERN = re.compile(r'^(cpu\d*|cuda\d*|opencl\d+:\d+)$')
-# What MPI implementations export as the rank's index on its host.
-_LOCAL_RANK_VARS = ('OMPI_COMM_WORLD_LOCAL_RANK', 'MPI_LOCALRANKID', 'MV2_COMM_WORLD_LOCAL_RANK',
-                    'SLURM_LOCALID')
+# An entry starting so is an OpenCL device (its name holds a colon), not ``HOST:``.
+_OPENCL = re.compile(r'^opencl\d+:', re.IGNORECASE)
 
 
 def parse_device(name):
@@ -32,26 +37,47 @@ def parse_device(name):
     return 'cpu' if s.startswith('cpu') else s
 
 
-def parse_device_list(text):
-    """``'cuda0,cuda1'`` (or a list) -> validated canonical list (at least one)."""
-    items = text if isinstance(text, (list, tuple)) else str(text).split(',')
-    out = [parse_device(d) for d in items if str(d).strip()]
-    if not out:
+def parse_devices(value, hosts=True):
+    """``[(host or None, device), ...]`` in rank order, from a string or a list.
+
+    ``value``: ``'cuda0,cuda1'``, a list of such entries, or with ``hosts``
+    Theano-MPI's ``HOST:DEVICE[,DEVICE...]`` entries (module docstring).
+    Each device is checked by :func:`parse_device` and kept as written
+    (stripped). Without ``hosts`` a ``HOST:`` prefix makes an unknown device.
+    Raises :class:`DeviceError` (bad input, a ValueError) naming the entry.
+    """
+    items = [value] if isinstance(value, str) else list(value)
+    if not any(str(item).strip() for item in items):
         raise DeviceError('no device given (e.g. cpu, cuda0,cuda1 or opencl0:0)')
+    what, form = (('DEVICES entry', 'DEVICE[,DEVICE...] or HOST:DEVICE[,DEVICE...]') if hosts
+                  else ('device list', 'DEVICE[,DEVICE...]'))
+    out = []
+    for item in items:
+        text = str(item).strip()
+        # HOST:DEVICES, where DEVICES may itself hold 'openclP:D'.
+        host, sep, devs = text.partition(':')
+        if not hosts or not sep or _OPENCL.match(text):
+            host, sep, devs = None, '', text
+        host = host.strip() if sep else None
+        if sep and not host:
+            raise DeviceError('%s %r: empty host before ":"' % (what, item))
+        names = [d.strip() for d in devs.split(',')]
+        if not all(names):
+            raise DeviceError('%s %r: expected %s' % (what, item, form))
+        for name in names:
+            parse_device(name)
+        out.extend((host, d) for d in names)
     return out
 
 
-def local_rank():
-    """This process's index among the ranks on its host, if MPI said (else None)."""
-    for var in _LOCAL_RANK_VARS:
-        v = os.environ.get(var, '')
-        if v.isdigit():
-            return int(v)
-    return None
+def parse_device_list(text):
+    """``'cuda0,cuda1'`` (or a list) -> validated canonical list (at least one; no hosts)."""
+    return [parse_device(d) for _, d in parse_devices(text, hosts=False)]
 
 
 def device_for_rank(devices, rank, local=None):
-    """The device rank ``rank`` takes from the list ``devices`` (see module docstring)."""
+    """The device rank ``rank`` takes from the list ``devices`` (see module docstring);
+    ``local``: its index on its host (:func:`theanompi_ext.collective.world.local_rank`)."""
     devs = parse_device_list(devices)
     if len(devs) == 1:
         return devs[0]
