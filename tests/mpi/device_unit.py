@@ -11,7 +11,7 @@ import numpy as np
 from theanompi_ext.engine.devices import configure
 
 configure(sys.argv[1])
-from theanompi_ext.engine.core import core as engine  # noqa: E402  (after configure)
+from theanompi_ext.engine import core as engine  # noqa: E402  (after configure)
 from theanompi_ext.params import ParamLayout  # noqa: E402
 from theanompi_ext.buckets.plan import plan_buckets  # noqa: E402
 from theanompi_ext.params.device import DeviceGradients, view_offset  # noqa: E402
