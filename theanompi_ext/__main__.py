@@ -1,3 +1,3 @@
 import sys
-from .cli import main
+from .cli.commands import main
 sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-rank wrapper: give this rank the GPU of its node-local rank, then run the
 # command. Theano then sees one device, cuda0 (THEANO_FLAGS set below; flags
-# the user already set win, see theanompi_ext/engine.py).
+# the user already set win, see theanompi_ext/engine/core.py).
 #
 # Needs Theano's GPU backend (pygpu + libgpuarray, from conda-forge); not
 # installable from PyPI, hence untested here (docs/gpu.md).

@@ -368,7 +368,7 @@ def test_pytorch_twins_have_our_parameter_counts():
 
 def test_compare_without_torch_skips_ddp(tmp_path, monkeypatch, capsys):
     from theanompi_ext.bench import ddp_worker
-    from theanompi_ext.cli import build_parser
+    from theanompi_ext.cli.commands import build_parser
     seen = {}
 
     def fake_setting(spec, model, net, ranks, ddp, timeout):
@@ -475,7 +475,7 @@ def test_fp16_hidden_fraction_met_only_above_the_combined_error():
 
 @pytest.mark.parametrize('bad', ['float8', 'float32,int8', 'float16,float16', ','])
 def test_compare_refuses_bad_wire_dtype(bad, capsys):
-    from theanompi_ext.cli import build_parser
+    from theanompi_ext.cli.commands import build_parser
     args = build_parser().parse_args(['bench', 'compare', '--quick', '--wire-dtype', bad])
     assert args.func(args) == compare.EXIT_BAD_INPUT
     err = capsys.readouterr().err

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from theanompi_ext.cli import build_parser
+from theanompi_ext.cli.commands import build_parser
 from theanompi_ext.train import cli as train_cli
 
 DEFAULT = re.compile(r'\((default|e\.g\.)[^()]*(\([^()]*\)[^()]*)*\)')
@@ -98,7 +98,7 @@ def test_reading_the_options_does_not_import_theano():
     # the zoo's names are read only when shown or checked (theanompi-ext info stays fast)
     import subprocess
     import sys
-    code = ('import sys; from theanompi_ext.cli import build_parser; '
+    code = ('import sys; from theanompi_ext.cli.commands import build_parser; '
             "build_parser().parse_args(['train', '--epochs', '3']); "
             "print('theano' in sys.modules)")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,

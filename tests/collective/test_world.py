@@ -11,7 +11,8 @@ import pytest
 from theanompi_ext.collective import world
 from theanompi_ext.collective.nccl import NCCLCommunicator
 from theanompi_ext.collective.registry import create_communicator
-from theanompi_ext.collective.world import OneRankWorld, world_comm, in_mpi_job, LAUNCHER_VARS
+from theanompi_ext.collective.world import (OneRankWorld, world_comm, in_mpi_job, LAUNCHER_VARS,
+                                            LOCAL_RANK_VARS, local_rank)
 
 from support.fakes import FakeLib, FakeCupyArray, fake_cupy
 
@@ -47,6 +48,27 @@ def test_in_mpi_job_reads_launcher_variables():
     assert not in_mpi_job({'PATH': '/bin'})
     for v in LAUNCHER_VARS:
         assert in_mpi_job({v: '0'})
+
+
+def test_local_rank_from_the_launchers_variables():
+    assert local_rank(environ={}) is None
+    assert local_rank(environ={'MPI_LOCALRANKID': 'x'}) is None     # not a number: unknown
+    for v in LOCAL_RANK_VARS:
+        assert local_rank(environ={v: '3'}) == 3
+    # the first variable in the list wins (Open MPI's before hydra's)
+    assert local_rank(environ={'OMPI_COMM_WORLD_LOCAL_RANK': '1', 'MPI_LOCALRANKID': '2'}) == 1
+
+
+def test_local_rank_with_a_communicator(monkeypatch):
+    # no MPI communicator (a world of one, a test's fake): the launcher's variables
+    assert local_rank(OneRankWorld(), environ={'SLURM_LOCALID': '2'}) == 2
+    assert local_rank(object(), environ={}) is None
+    for v in LOCAL_RANK_VARS:
+        monkeypatch.setenv(v, '5')
+    from mpi4py import MPI
+    # an MPI communicator: MPI's answer (ranks sharing memory), not the variables
+    assert local_rank(MPI.COMM_SELF) == 0
+    assert local_rank(MPI.COMM_WORLD) == MPI.COMM_WORLD.Get_rank() == 0
 
 
 def test_world_comm_is_comm_world_when_mpi_loads():

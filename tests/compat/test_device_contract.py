@@ -88,7 +88,7 @@ def test_contract_session_on_device_matches_cpu(opencl, tmp_path, model, strateg
 
 
 def test_opencl_entries_are_devices_not_hosts():
-    from theanompi_ext.launch.devices import parse_devices
+    from theanompi_ext.engine.devices import parse_devices
     assert parse_devices(['opencl0:0', 'opencl0:0']) == [(None, 'opencl0:0')] * 2
     assert parse_devices('opencl0:0,opencl1:2') == [(None, 'opencl0:0'), (None, 'opencl1:2')]
     assert parse_devices(['node0:opencl0:0,opencl0:1', 'node1:cuda0']) == [

@@ -12,6 +12,20 @@ from support.procs import mpiexec as find_mpiexec
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 
 
+def test_the_aliases_users_type_keep_working():
+    """``from theanompi_ext.rules import BSP`` and ``python -m theanompi_ext.tmlauncher``
+    (Theano-MPI's ``theanompi.rules`` and launcher) stay at the top of the package."""
+    import theanompi_ext
+    from theanompi_ext import tmlauncher
+    from theanompi_ext.rules import BSP
+    from theanompi_ext.theanompi_compat import rule, session
+    assert BSP is rule.BSP is theanompi_ext.BSP
+    assert tmlauncher.main is session.main
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-no_such_flag'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "tmxlauncher: error: unknown flag '-no_such_flag'" in r.stderr
+
+
 def test_theanompi_flags_and_session_keys(tmp_path):
     from theanompi_ext.theanompi_compat.session import parse_args, session_from_file
     cfg = tmp_path / 's.cfg'
@@ -59,7 +73,8 @@ def test_bad_session_values(tmp_path, line, needle):
 
 
 def test_devices_across_hosts_place_ranks_in_order():
-    from theanompi_ext.launch.devices import parse_devices, remote_hosts, host_args
+    from theanompi_ext.engine.devices import parse_devices
+    from theanompi_ext.launch.devices import remote_hosts, host_args
     pairs = parse_devices(['node0:cuda0', 'node1:cuda0,cuda1'])
     assert pairs == [('node0', 'cuda0'), ('node1', 'cuda0'), ('node1', 'cuda1')]
     assert remote_hosts(pairs) == [('node0', 1), ('node1', 2)]
@@ -70,7 +85,7 @@ def test_devices_across_hosts_place_ranks_in_order():
 
 
 def test_users_theanorc_wins_over_our_defaults(tmp_path):
-    from theanompi_ext.engine_flags import merged_flags
+    from theanompi_ext.engine.flags import merged_flags
     rc = tmp_path / 'rc'
     rc.write_text('[global]\nfloatX = float64\n\n[blas]\nldflags = -lopenblas\n')
     flags = dict(f.split('=', 1) for f in merged_flags('', {'THEANORC': str(rc)}).split(','))

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-import theanompi_ext.engine  # noqa: F401  (this process imports tmzoo, which imports Theano)
+import theanompi_ext.engine.core  # noqa: F401  (this process imports tmzoo, which imports Theano)
 from support.paths import ROOT
 from support.procs import mpiexec
 from support.sgd_reference import goyal_lr, momentum_step
@@ -157,7 +157,7 @@ def test_bsp_rule(tmp_path, model, strategy):
     # Validation ran over every sub-batch of every rank's file batch, at the final parameters.
     assert record[-1]['val_loss'] == pytest.approx(_val_loss(model), rel=1e-4)
     import h5py
-    from theanompi_ext.atomic import read_sealed
+    from theanompi_ext.files.sealed import read_sealed
     for epoch in (1, 2):
         snap_path = str(tmp_path / 'out' / 'snapshots' / ('params_epoch%03d.h5' % epoch))
         read_sealed(snap_path)                  # whole: its checksum matches

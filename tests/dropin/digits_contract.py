@@ -15,7 +15,7 @@ the worker overlap the exchange with a chunked backward pass.
 """
 import numpy as np
 
-import theanompi_ext.engine  # noqa: F401  (configures Theano: floatX, cache)
+import theanompi_ext.engine.core  # noqa: F401  (configures Theano: floatX, cache)
 import theano
 import theano.tensor as T
 

@@ -488,7 +488,7 @@ def test_corrupt_data_file_exits_2_from_two_ranks(good_h5, tmp_path):
 
 
 def _cli(*argv):
-    from theanompi_ext.cli import main
+    from theanompi_ext.cli.commands import main
     err = io.StringIO()
     old, sys.stderr = sys.stderr, err
     try:

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from theanompi_ext import atomic
+from theanompi_ext.files import atomic, isolated, sealed, signals
 from theanompi_ext.train import checkpoint, outdir
 from theanompi_ext.train.config import TrainConfig
 
@@ -140,7 +140,7 @@ def good_checkpoint(path):
     """The iteration of a checkpoint that verifies and whose values are all finite."""
     import h5py
     import io
-    with h5py.File(io.BytesIO(atomic.read_sealed(str(path))), 'r') as f:
+    with h5py.File(io.BytesIO(sealed.read_sealed(str(path))), 'r') as f:
         for name in ('shared/values', 'shared/velocity', 'rank0/values_tail', 'rank1/velocity'):
             if name in f:
                 assert np.all(np.isfinite(f[name][...])), name
@@ -292,7 +292,7 @@ def test_finished_run_outputs_are_whole_and_recorded(finished_run):
     s = json.loads((finished_run / 'summary.json').read_text())
     assert set(s['outputs']) == {'params.npz', 'curves.png'}
     for name, sha in s['outputs'].items():
-        assert atomic.sha256_of((finished_run / name).read_bytes()) == sha
+        assert sealed.sha256_of((finished_run / name).read_bytes()) == sha
     assert good_checkpoint(finished_run / checkpoint.FILENAME) == 6
     assert good_checkpoint(finished_run / checkpoint.PREV_FILENAME) == 4
     assert not temporaries(finished_run)
@@ -338,12 +338,12 @@ def test_every_flipped_byte_and_every_cut_is_refused(finished_run):
     for pos in [rng.randrange(len(data)) for _ in range(50)] + [0, 100, 511, 512]:
         bad = bytearray(data)
         bad[pos] ^= 1 << rng.randrange(8)
-        with pytest.raises(atomic.CorruptFile):
-            atomic.unseal(bytes(bad), 'ck')
+        with pytest.raises(sealed.CorruptFile):
+            sealed.unseal(bytes(bad), 'ck')
     for cut in [rng.randrange(len(data)) for _ in range(20)]:
-        with pytest.raises(atomic.CorruptFile):
-            atomic.unseal(data[:cut], 'ck')
-    assert atomic.unseal(data, 'ck') == data
+        with pytest.raises(sealed.CorruptFile):
+            sealed.unseal(data[:cut], 'ck')
+    assert sealed.unseal(data, 'ck') == data
 
 
 def test_unsealed_hdf5_is_refused(tmp_path):
@@ -351,8 +351,8 @@ def test_unsealed_hdf5_is_refused(tmp_path):
     p = tmp_path / 'old.h5'
     with h5py.File(p, 'w') as f:
         f['x'] = np.zeros(3)
-    with pytest.raises(atomic.CorruptFile, match='has no checksum'):
-        atomic.read_sealed(str(p))
+    with pytest.raises(sealed.CorruptFile, match='has no checksum'):
+        sealed.read_sealed(str(p))
 
 
 # --------------------------------------------------------------------------- divergence
@@ -514,19 +514,19 @@ def test_isolated_writer_that_crashes_is_an_error(tmp_path):
         os.kill(os.getpid(), signal.SIGSEGV)
     with pytest.raises(atomic.WriteError, match=r'x.h5: could not write the data set: No space '
                                                 r'left on device; the writer crashed \(SIGSEGV\)'):
-        atomic.run_isolated(crash, target, 'the data set')
+        isolated.run_isolated(crash, target, 'the data set')
     assert os.listdir(str(tmp_path)) == []
-    assert atomic.run_isolated(lambda: {'n': 3}, target) == {'n': 3}
+    assert isolated.run_isolated(lambda: {'n': 3}, target) == {'n': 3}
     with pytest.raises(ValueError, match='bad size'):
-        atomic.run_isolated(lambda: (_ for _ in ()).throw(ValueError('bad size')), target)
+        isolated.run_isolated(lambda: (_ for _ in ()).throw(ValueError('bad size')), target)
 
 
 def test_signal_during_a_write_waits_for_it(tmp_path):
     """SIGTERM sent while a file is being written: the write completes, then the
     process dies of SIGTERM."""
     target = tmp_path / 'f.bin'
-    code = ('import os, signal, sys; from theanompi_ext import atomic\n'
-            'with atomic.deferred_signals():\n'
+    code = ('import os, signal, sys; from theanompi_ext.files import atomic, signals\n'
+            'with signals.deferred_signals():\n'
             '    os.kill(os.getpid(), signal.SIGTERM)\n'
             '    atomic.write_atomic(sys.argv[1], b"x" * 1000)\n'
             'print("not reached")\n')

@@ -341,7 +341,7 @@ def test_resnet20_forward_compiles():
     # Evaluation mode (BN from running statistics) compiles in about half
     # the cold-cache time of training mode; the training-mode BN graph is
     # the layers' and the trainer's tests' business.
-    from theanompi_ext.engine import function
+    from theanompi_ext.engine.core import function
     net = build_model('resnet20', (1, 8, 8), 10, seed=0)
     x = net.input_var()
     ctx = ForwardContext(train=False)

@@ -8,13 +8,13 @@ import sys
 
 import numpy as np
 
-from theanompi_ext.devices import configure
+from theanompi_ext.engine.devices import configure
 
 configure(sys.argv[1])
-from theanompi_ext import engine  # noqa: E402  (after configure)
+from theanompi_ext.engine import core as engine  # noqa: E402  (after configure)
 from theanompi_ext.params import ParamLayout  # noqa: E402
 from theanompi_ext.buckets.plan import plan_buckets  # noqa: E402
-from theanompi_ext.device_params import DeviceGradients, view_offset  # noqa: E402
+from theanompi_ext.params.device import DeviceGradients, view_offset  # noqa: E402
 from theanompi_ext.update.device import DeviceOptimizer  # noqa: E402
 from theanompi_ext.update.momentum import FORMS, Optimizer  # noqa: E402
 

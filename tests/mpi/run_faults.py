@@ -83,7 +83,7 @@ def announce(fault, me, iteration):
 
 
 def inject_write(fault, rank, at, arg):
-    from theanompi_ext import atomic
+    from theanompi_ext.files import atomic
     from theanompi_ext.train import checkpoint
     me = MPI.COMM_WORLD.rank
     if me != rank:

@@ -59,7 +59,7 @@ class FixedBackward(object):
 
 def parts_of(sync_type='kn', exch_strategy='ar'):
     """Assembled parts of three parameters: W (4), b (2), and a local BN gamma (2)."""
-    from theanompi_ext.engine import shared
+    from theanompi_ext.engine.core import shared
     from theanompi_ext.params import tag
     from theanompi_ext.step.assemble import assemble_step
     w = tag(shared(np.ones(4, np.float32), name='W'), 'trainable')

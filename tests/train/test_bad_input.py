@@ -118,7 +118,7 @@ def test_non_finite_loss_stops_with_iteration(mpirun, ranks):
 def test_output_in_missing_folder_refused_before_running(tmp_path, capsys, argv):
     # A benchmark measures for minutes before writing: a typo in the folder
     # must stop it when the options are read, naming the folder.
-    from theanompi_ext.cli import build_parser
+    from theanompi_ext.cli.commands import build_parser
     missing = str(tmp_path / 'no_such_dir')
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args([a.format(missing=missing) for a in argv])

@@ -18,10 +18,10 @@ def cfg(tmp_path, name, **kw):
 
 def reseal(path):
     """Take the checksum of ``path`` again (after an edit made on purpose)."""
-    from theanompi_ext import atomic
+    from theanompi_ext.files import sealed
     data = bytearray(path.read_bytes())
-    data[:atomic.USERBLOCK] = bytes(atomic.USERBLOCK)
-    path.write_bytes(atomic.seal(bytes(data)))
+    data[:sealed.USERBLOCK] = bytes(sealed.USERBLOCK)
+    path.write_bytes(sealed.seal(bytes(data)))
 
 
 def load(path):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from support.paths import MPI_DIR, ROOT
-from theanompi_ext.devices import DeviceError, device_for_rank, parse_device, parse_device_list
+from theanompi_ext.engine.devices import (DeviceError, device_for_rank, parse_device, parse_device_list,
+                                          parse_devices)
 from theanompi_ext.train.config import TrainConfig
 
 CLI = [sys.executable, '-m', 'theanompi_ext.cli']
@@ -39,6 +40,16 @@ def test_device_strings():
             continue            # Theano's 'cuda' (the default CUDA device) is valid
         with pytest.raises(DeviceError):
             parse_device_list(bad) if bad in ('', 'cuda0;cuda1') else parse_device(bad)
+    # one parser: Theano-MPI's DEVICES (hosts) and the plain lists, devices checked
+    assert parse_devices(['node0:cuda0', 'cpu1']) == [('node0', 'cuda0'), (None, 'cpu1')]
+    for bad, why in ((['node0:gpu1'], "unknown device 'gpu1'"), ('', 'no device given'),
+                     (['cuda0', ''], 'expected DEVICE'),
+                     (':cuda0', 'empty host'), ('cuda0,', 'expected DEVICE')):
+        with pytest.raises(DeviceError, match=why):
+            parse_devices(bad)
+    with pytest.raises(DeviceError, match="unknown device 'node0:cuda0'"):
+        parse_device_list('node0:cuda0')            # a host where only devices go
+    assert parse_device_list(['CPU1', 'opencl0:0']) == ['cpu', 'opencl0:0']
     # rank r takes entry r, or its local rank's entry on several hosts
     assert device_for_rank('cuda0,cuda1', 1) == 'cuda1'
     assert device_for_rank('cuda0,cuda1', 3, local=1) == 'cuda1'

@@ -284,7 +284,7 @@ def test_trials_two_real_runs(tmp_path):
 
 
 def test_trials_is_a_listed_command():
-    from theanompi_ext.cli import COMMANDS
+    from theanompi_ext.cli.commands import COMMANDS
     assert 'theanompi_ext.train.trials' in COMMANDS
     r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'trials', '--help'],
                        capture_output=True, text=True, timeout=120)

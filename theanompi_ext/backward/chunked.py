@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from ..engine import function, grad, toposort
+from ..engine.core import function, grad, toposort
 from .graph import TrainGraph
 
 # One chunk per top-level layer that has parameters (a layer without any,

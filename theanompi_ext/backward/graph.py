@@ -1,7 +1,7 @@
 """Symbolic pieces shared by the monolithic and chunked backward passes."""
 import numpy as np
 
-from ..engine import T, shared, function
+from ..engine.core import T, shared, function
 from ..model.layers import ForwardContext
 from ..model.network import softmax_xent, errors, topk_errors
 

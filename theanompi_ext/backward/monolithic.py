@@ -1,5 +1,5 @@
 """Forward + whole backward as one compiled function (the serial path)."""
-from ..engine import T, function
+from ..engine.core import T, function
 from .graph import TrainGraph
 
 

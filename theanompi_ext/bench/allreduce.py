@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_FAILED, EXIT_OK
 from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
 from .common import add_common_options, rank_main, run_job
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 METHODS = ('raw', 'ours', 'started')
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(8))       # 4 KB .. 64 MB

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from ..argtypes import output_path
-from ..atomic import write_json
+from ..cli.argtypes import output_path
+from ..files.atomic import write_json
 from ..errors import EXIT_BAD_INPUT, EXIT_OK
 
 DEFAULT_SCALES = '1,1e-3,1e-5,1e-7'

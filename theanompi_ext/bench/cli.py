@@ -16,7 +16,7 @@ deleted on the way out (``launch/mpiexec.wait_job``,
 import signal
 import sys
 
-from ..cli import register_modules
+from ..cli.commands import register_modules
 from ..errors import EXIT_BAD_INPUT, EXIT_SIGNAL_BASE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -4,8 +4,8 @@ import os
 import sys
 import tempfile
 
-from ..argtypes import output_path
-from ..atomic import write_json
+from ..cli.argtypes import output_path
+from ..files.atomic import write_json
 from ..errors import EXIT_TIMED_OUT
 
 

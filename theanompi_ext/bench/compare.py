@@ -78,7 +78,7 @@ from .common import add_common_options, run_job
 from .compare_stats import summarize
 from .compare_systems import MODEL_SPECS, WIRE_SUFFIX
 from .compare_verdicts import format_table
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 JSON_KEYS = ('system', 'model', 'network', 'compute_s', 'step_s', 'comm_overhead',
              'hidden_fraction', 'wire_dtype')

@@ -41,7 +41,7 @@ import os
 import sys
 
 from ..errors import EXIT_FAILED, EXIT_OK
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 MODES = ('compute', 'serial', 'full', 'allreduce')
 

@@ -37,11 +37,11 @@ import sys
 
 import numpy as np
 
-from ..argtypes import output_path
+from ..cli.argtypes import output_path
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
 from .common import add_common_options, run_job
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
@@ -125,7 +125,7 @@ def make_spec(args):
         raise ValueError('--workers must be >= 2 (there is nothing to exchange with one rank)')
     if args.steps < 1 or args.reps < 1:
         raise ValueError('--steps and --reps must be >= 1')
-    from ..devices import parse_device_list
+    from ..engine.devices import parse_device_list
     device = ','.join(parse_device_list(args.device))
     nice, idle, poll_us = parse_comm_thread(args.comm_thread)
     quick = bool(args.quick)
@@ -281,7 +281,7 @@ def _mode_steps(serial, overlap, x, y):
     """``{mode: one step of it}`` for :data:`MODES`."""
     lr = np.float32(0.001)
     if serial.device_grads is not None:
-        from ..engine import device_zeros
+        from ..engine.core import device_zeros
         zeros = device_zeros(serial.layout.total)
     else:
         zeros = np.zeros_like(serial.grads)
@@ -341,7 +341,7 @@ def _measure_all(spec):
         comm = watch(comm)
     except ImportError:
         pass
-    from ..device_open import open_on_every_rank
+    from ..engine.open import open_on_every_rank
     open_on_every_rank(spec.get('device', 'cpu'), comm)
     rows = [measure_model(comm, name, spec) for name in spec['models']]
     if comm.rank == 0:

@@ -28,9 +28,9 @@ import os
 import sys
 import tempfile
 
-from ..argtypes import output_path
+from ..cli.argtypes import output_path
 from .common import add_common_options
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 DEFAULT_WORKERS = '2,4,8'
 

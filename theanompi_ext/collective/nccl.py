@@ -41,7 +41,7 @@ import socket
 import time
 
 from .base import Communicator, Handle, ObjectsOverMPI, check_timeout, wait_test
-from .world import world_comm
+from .world import local_rank, world_comm
 from .nccl_buffers import float32_device_buffer
 from .nccl_checks import SizeChecked, check_one_rank_per_gpu, check_sizes
 from .nccl_lib import (NCCLUnavailable, NCCLError, NCCL_FLOAT32, NCCL_SUM, NCCL_MAX, NCCL_MIN,
@@ -70,21 +70,6 @@ def greatest_priority(cp):
     return query()[1]
 
 
-def _local_rank(comm):
-    """(rank on this node, ranks on this node or None): who gets which GPU."""
-    try:
-        from mpi4py import MPI
-        if isinstance(comm, MPI.Comm):
-            # Ranks sharing memory share a node: the portable way to learn
-            # the local rank, whatever launcher started the job.
-            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-            try:
-                return node.Get_rank(), node.Get_size()
-            finally:
-                node.Free()
-    except Exception:
-        pass
-    return comm.Get_rank(), None
 
 
 # -- handle -------------------------------------------------------------------
@@ -181,7 +166,8 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         self._init_objects(comm)
         self._nccl = None
         self._inflight = []
-        local_rank, _ = _local_rank(comm)   # collective: before anything can fail
+        local = local_rank(comm)   # collective: before anything can fail
+        local = self.rank if local is None else local
 
         # Everything that can fail on one rank only is gathered before the
         # first collective NCCL step, so every rank raises instead of some
@@ -190,7 +176,7 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
         try:
             self.lib = lib if lib is not None else load_library()
             self._cp = cupy if cupy is not None else import_cupy()
-            self.device = self._select_device(device, local_rank)
+            self.device = self._select_device(device, local)
             where = (where[0], self._bus_id())
             self.stream = self._as_stream(stream) if stream is not None else self._new_stream()
             self._compute = self._as_stream(compute_stream) if compute_stream is not None else None

@@ -49,7 +49,7 @@ def backend_names():
 def host_backends():
     """``'auto'`` and the backends that sum host (numpy) buffers: those the
     trainer can use, whose gradients are host arrays or staged through host
-    memory (``train/device_step.py``)."""
+    memory (``step/device.py``)."""
     return ('auto',) + tuple(sorted(n for n, (_, mem) in BACKENDS.items() if mem == 'host'))
 
 

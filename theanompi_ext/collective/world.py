@@ -9,10 +9,16 @@ instead, unless an MPI launcher started the process: several ranks each
 carrying on alone would train as many separate models, so that is an error.
 """
 import os
+import sys
 
 # Variables set by the launchers of MPICH (hydra), Open MPI, Slurm and PMIx.
 LAUNCHER_VARS = ('PMI_RANK', 'PMI_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMIX_RANK',
                  'MPI_LOCALRANKID')
+
+# What launchers export as the rank's index on its host (Open MPI, MPICH's
+# hydra, MVAPICH, Slurm): the local rank when no communicator is at hand.
+LOCAL_RANK_VARS = ('OMPI_COMM_WORLD_LOCAL_RANK', 'MPI_LOCALRANKID', 'MV2_COMM_WORLD_LOCAL_RANK',
+                   'SLURM_LOCALID')
 
 MPI_HINT = ('install an MPI for mpi4py (pip install mpich) or build mpi4py against '
             "the site's MPI (README, \"Pinned stack\")")
@@ -32,6 +38,35 @@ def launcher_rank_size(environ=None):
                  if v in env), 0)
     size = next((int(env[v]) for v in ('PMI_SIZE', 'OMPI_COMM_WORLD_SIZE') if v in env), None)
     return rank, size
+
+
+def local_rank(comm=None, environ=None):
+    """This process's index among the ranks on its host (which GPU it takes), or None.
+
+    With an mpi4py communicator ``comm``: MPI's answer, whatever launcher
+    started the job (the ranks sharing memory share a host:
+    ``Split_type(COMM_TYPE_SHARED)``); collective, so every rank of ``comm``
+    must call it at the same point. Otherwise (no ``comm``, a
+    :class:`OneRankWorld`, a test's fake, or a split that failed): the
+    launcher's variables (:data:`LOCAL_RANK_VARS`). Never imports mpi4py: the
+    engine asks at import time, before MPI need start.
+    """
+    MPI = sys.modules.get('mpi4py.MPI')
+    if comm is not None and MPI is not None and isinstance(comm, MPI.Comm):
+        try:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+            try:
+                return node.Get_rank()
+            finally:
+                node.Free()
+        except Exception:
+            pass
+    env = os.environ if environ is None else environ
+    for var in LOCAL_RANK_VARS:
+        value = env.get(var, '')
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 class OneRankWorld(object):

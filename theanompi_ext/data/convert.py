@@ -246,10 +246,11 @@ def run(args):
 
     2: bad input (the source, an option); 3: the output could not be written
     (a full disk, no permission), with one line naming the path and the
-    cause. The writing runs in a child process (``atomic.run_isolated``), so
+    cause. The writing runs in a child process (``files.isolated.run_isolated``), so
     even a crash inside HDF5 ends as that one line, with no temporary file left.
     """
-    from ..atomic import WriteError, run_isolated
+    from ..errors import WriteError
+    from ..files.isolated import run_isolated
     digits = args.src == DIGITS_SOURCE and not os.path.exists(args.src)
     try:
         if digits:

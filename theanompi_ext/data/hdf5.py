@@ -27,7 +27,7 @@ import tempfile
 import h5py
 import numpy as np
 
-from ..atomic import fsync_dir
+from ..files.atomic import fsync_dir
 from ..errors import DataError
 
 FORMAT_VERSION = 1
@@ -125,7 +125,7 @@ class DatasetWriter(object):
         folder = os.path.dirname(os.path.abspath(self.path))
         if not self.compression:
             # the size is known: refuse before writing rather than fill the disk
-            from ..atomic import check_space
+            from ..files.atomic import check_space
             h, w, c = self.image_shape
             check_space(self.path, sum(self.sizes.values()) * (h * w * c + 8),
                         'the data set')

@@ -61,7 +61,7 @@ import json
 
 import numpy as np
 
-from ..atomic import write_atomic, write_json
+from ..files.atomic import write_atomic, write_json
 
 COMPUTE_TID, COMM_TID, COPY_TID = 0, 1, 2
 LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm', COPY_TID: 'copy'}

@@ -1,43 +1,12 @@
-"""Theano-MPI's ``DEVICES`` syntax: the ranks' devices and, across nodes, their hosts.
+"""Placing the ranks of Theano-MPI's ``DEVICES`` on their hosts with mpiexec.
 
-One node: ``cuda0,cuda1`` (or a list ``['cuda0', 'cuda1']``; OpenCL's
-``opencl0:0`` is a device, not a host ``opencl0``). Several
-nodes (Theano-MPI's session files, a bash array): ``("node0:cuda0"
-"node1:cuda0,cuda1")``, which reaches us as the list ``['node0:cuda0',
-'node1:cuda0,cuda1']``: rank r takes the r-th device in that order.
+``DEVICES`` is parsed by :func:`theanompi_ext.engine.devices.parse_devices`
+into ``[(host or None, device), ...]`` in rank order; here those hosts
+become mpiexec's host arguments when any is not this machine.
 """
-import re
 import socket
 
 LOCAL_NAMES = ('localhost', '127.0.0.1')
-
-_OPENCL = re.compile(r'^opencl\d+:', re.IGNORECASE)
-
-
-def parse_devices(value):
-    """``[(host or None, device), ...]`` in rank order, from a string or a list.
-
-    Raises ValueError naming the entry when a host or device is empty.
-    """
-    items = [value] if isinstance(value, str) else list(value)
-    out = []
-    for item in items:
-        text = str(item).strip()
-        # HOST:DEVICES, where DEVICES may itself hold 'openclP:D'.
-        host, sep, devs = text.partition(':')
-        if not sep or _OPENCL.match(text):
-            host, sep, devs = None, '', text
-        host = host.strip() if sep else None
-        if sep and not host:
-            raise ValueError('DEVICES entry %r: empty host before ":"' % item)
-        names = [d.strip() for d in devs.split(',')]
-        if not any(names) or not all(names):
-            raise ValueError('DEVICES entry %r: expected DEVICE[,DEVICE...] or '
-                             'HOST:DEVICE[,DEVICE...]' % item)
-        out.extend((host, d) for d in names)
-    if not out:
-        raise ValueError('DEVICES is empty')
-    return out
 
 
 def remote_hosts(pairs):

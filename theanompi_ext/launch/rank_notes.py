@@ -18,7 +18,7 @@ import shutil
 import socket
 import tempfile
 
-from ..atomic import entries_of_dead_pids
+from ..files.stale import entries_of_dead_pids
 
 RANKS_DIR_VAR = 'THEANOMPI_EXT_RANKS_DIR'
 RANKS_PREFIX = 'theanompi-ext-ranks-'

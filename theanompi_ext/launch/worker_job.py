@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 from .mpiexec import mpiexec_command
-from ..atomic import write_json
+from ..files.atomic import write_json
 
 #: The program every rank runs, with the path of the run's JSON config.
 WORKER_MODULE = 'theanompi_ext.train.worker'

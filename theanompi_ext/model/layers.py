@@ -1,7 +1,7 @@
 """Layers with tagged parameters (Lasagne-style), NCHW tensors.
 
 A layer owns its parameters (tagged at creation, see
-:mod:`theanompi_ext.params`) and maps a symbolic input to a symbolic
+:mod:`theanompi_ext.params.tags`) and maps a symbolic input to a symbolic
 output in :meth:`Layer.forward`, given a :class:`ForwardContext` that says
 whether this is training and collects batch-norm running-statistic updates.
 
@@ -11,7 +11,7 @@ such unit.
 """
 import numpy as np
 
-from ..engine import T, shared, conv2d, pool2d
+from ..engine.core import T, shared, conv2d, pool2d
 from ..params import tag
 from . import init
 

@@ -3,7 +3,7 @@
 The order (input to output) is the order of the flat parameter vector;
 the chunked backward pass walks the same list from the output back.
 """
-from ..engine import T, floatX
+from ..engine.core import T, floatX
 
 
 class Network(object):

@@ -9,8 +9,8 @@ Errors in the inputs print ``theanompi-ext simulate: error: ...`` and exit 2.
 import sys
 from dataclasses import replace
 
-from ..argtypes import output_path
-from ..atomic import write_json
+from ..cli.argtypes import output_path
+from ..files.atomic import write_json
 
 PROG = 'theanompi-ext simulate'
 MIB = 2 ** 20

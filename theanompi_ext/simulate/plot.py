@@ -1,5 +1,5 @@
 """Efficiency-vs-workers figure for ``theanompi-ext simulate --plot``."""
-from ..atomic import write_figure
+from ..files.atomic import write_figure
 
 
 def plot_efficiency(rows, path, title='', baseline_k=1):

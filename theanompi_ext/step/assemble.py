@@ -66,7 +66,7 @@ def compile_in_turn(comm, build):
     """Rank 0 compiles first; the others then find the shared cache warm
     instead of queueing on its lock one by one. On a device every rank builds
     at once: there the time goes into building device kernels per process."""
-    from ..engine import on_device      # imports Theano: only once a model is built
+    from ..engine.core import on_device      # imports Theano: only once a model is built
     if on_device():
         return build()
     if comm.rank == 0:
@@ -158,7 +158,7 @@ def assemble_step(comm, variables, tags, settings, local_scale, names=None):
 def _on_device():
     """True when the engine computes on a device (the variables are Theano's:
     importing the engine here loads nothing new)."""
-    from ..engine import on_device
+    from ..engine.core import on_device
     return on_device()
 
 

@@ -3,7 +3,7 @@
 When Theano computes on a device, :func:`device_parts` builds, instead of
 the host ones and with the same interfaces (so :mod:`.run` runs one step
 for both): parameters as views of a flat device vector
-(:class:`~theanompi_ext.device_params.DeviceParamSet`), the gradient as a
+(:class:`~theanompi_ext.params.device.DeviceParamSet`), the gradient as a
 flat device vector the backward fills, an exchanger for device buckets
 (:data:`EXCHANGE_PATHS`), and the kn rule with the compiled device update
 (:class:`~theanompi_ext.update.device.DeviceOptimizer`).
@@ -66,9 +66,9 @@ def device_parts(comm, host_params, buckets, n_exch, settings, local_scale,
 
     Only ``sync_type=kn`` trains on a device (avg and cdd update on the host).
     """
-    from ..engine import device, device_context
+    from ..engine.core import device, device_context
     from ..exchange.nccl_device import nccl_exchanger
-    from ..device_params import DeviceParamSet, DeviceGradients
+    from ..params.device import DeviceParamSet, DeviceGradients
     from ..exchange.staged import HostStagedExchanger
     from ..update.device import DeviceOptimizer
     from ..update.policy import decay_vector, local_scale_vector

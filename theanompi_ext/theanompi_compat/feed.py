@@ -40,7 +40,7 @@ class ModelFeed(object):
     """
 
     def __init__(self, model, batch_per_worker=None, outputs=()):
-        from ..engine import theano
+        from ..engine.core import theano
         self.model = model
         n_subb = getattr(model, 'n_subb', 1)
         try:
@@ -85,7 +85,7 @@ class ModelFeed(object):
 
     def _check_inputs(self, theano, outputs):
         """Refuse a graph with a symbolic input that nothing feeds."""
-        from ..engine import graph_inputs
+        from ..engine.core import graph_inputs
         outs = [o for o in outputs if o is not None]
         fed = theano.clone(outs, replace=self.givens) if self.givens else outs
         unfed = [v for v in graph_inputs(fed) if _symbolic(v) and v not in self.inputs]
@@ -141,5 +141,5 @@ class ModelFeed(object):
 
     def clone(self, outputs):
         """``outputs`` rewritten to read the shared batch (givens applied)."""
-        from ..engine import theano
+        from ..engine.core import theano
         return theano.clone(list(outputs), replace=self.givens) if self.givens else list(outputs)

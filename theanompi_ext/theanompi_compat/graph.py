@@ -22,7 +22,7 @@ class GradientFunction(object):
     """
 
     def __init__(self, model, params_order, feed, device_scale=None):
-        from ..engine import theano
+        from ..engine.core import theano
         err = getattr(model, 'error', None)
         self.has_error = err is not None
         outs = [model.cost] + ([err] if self.has_error else [])
@@ -38,7 +38,7 @@ class GradientFunction(object):
     def _device_fn(self, outs, grads, scale):
         """On a device: the gradients times ``scale`` (1/k), returned as device
         arrays (the stepper copies them into the flat device gradient)."""
-        from ..engine import function
+        from ..engine.core import function
         scaled = [g * np.float32(scale) for g in grads]
         fed = self.feed.clone(outs + scaled)
         return function(list(self.feed.inputs), fed, name='tmx_contract_grads',
@@ -95,7 +95,7 @@ class ContractGraph(object):
     """
 
     def __init__(self, model, loss_scale, feed=None):
-        from ..engine import T, shared, toposort
+        from ..engine.core import T, shared, toposort
         from .feed import ModelFeed
         entries = layer_entries(model)
         if entries is None:

@@ -12,16 +12,16 @@
   in ``model.params`` order, named ``NNN_name``, attributes ``epoch`` and
   ``iterations``.
 
-Every file goes through :mod:`theanompi_ext.atomic` (built in memory, free
+Every file goes through :mod:`theanompi_ext.files.atomic` (built in memory, free
 space checked, written to a temporary name, fsynced and renamed), so a file
 that exists is whole; snapshots are sealed with their checksum like the
-checkpoints (``atomic.read_sealed`` verifies one before it is read).
+checkpoints (``sealed.read_sealed`` verifies one before it is read).
 """
 import io
 import json
 import os
 
-from .. import atomic
+from ..files import atomic, sealed
 
 RECORD = 'record.json'
 PLOT = 'record.png'
@@ -65,9 +65,9 @@ def save_snapshot(out, epoch, iterations, names, values):
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, 'params_epoch%03d.h5' % epoch)
     buf = io.BytesIO()
-    with h5py.File(buf, 'w', userblock_size=atomic.USERBLOCK) as f:
+    with h5py.File(buf, 'w', userblock_size=sealed.USERBLOCK) as f:
         f.attrs['epoch'] = epoch
         f.attrs['iterations'] = iterations
         for i, (name, value) in enumerate(zip(names, values)):
             f['%03d_%s' % (i, name or 'param')] = value
-    return atomic.write_atomic(path, atomic.seal(buf.getbuffer()), 'the parameter snapshot')
+    return atomic.write_atomic(path, sealed.seal(buf.getbuffer()), 'the parameter snapshot')

@@ -33,7 +33,7 @@ def _model_source(modelfile):
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
-    from ..engine_flags import configured_environment
+    from ..engine.flags import configured_environment
     try:
         # find_spec imports the module's parent packages, which may import
         # Theano: configure it first, as the ranks do.
@@ -136,13 +136,12 @@ class BSP(object):
         ``warmup='theanompi'``), passed to the ranks in the environment.
         """
         from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
-        from ..launch.devices import parse_devices, remote_hosts, host_args
+        from ..engine.devices import parse_devices
+        from ..launch.devices import remote_hosts, host_args
         if not devices:
             raise ValueError('no devices given')
-        from ..devices import parse_device_list
-        pairs = parse_devices(devices)
+        pairs = parse_devices(devices)  # an unknown device string: DeviceError, before launch
         devices = [d for _, d in pairs]
-        parse_device_list(devices)      # an unknown device string: DeviceError, before launch
         hosts = remote_hosts(pairs)
         check_exchange_options(self.sync_type, self.exch_strategy,
                                options.get('wire_dtype', 'float32'))

@@ -160,7 +160,7 @@ def session_from_file(path, flags=None):
     """Validated session settings from a config file and flags (ValueError naming the problem)."""
     from .options import OPTION_DEFAULTS
     from .rule import check_model
-    from ..launch.devices import parse_devices
+    from ..engine.devices import parse_devices
     values = read_session_file(path, known_keys()) if path else {}
     path = path or 'the command line'
     values = _merge(flags or {}, values, path)

@@ -120,7 +120,7 @@ def choose_mode(model, exch_strategy):
 def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
     """Train the contract model on this rank; returns a summary dict."""
     from ..collective import create_communicator
-    from ..device_open import open_on_every_rank
+    from ..engine.open import open_on_every_rank
     check_mode(sync_type, exch_strategy)     # before any rank waits on another
     own_comm = comm is None
     comm = comm or create_communicator('auto')
@@ -277,12 +277,12 @@ def _epoch_record(comm, epoch, losses, errs, vals, lr, iterations):
 
 def write_final(out, summary, state):
     """``params.npz`` and then ``summary.json`` (with the checksum of the former), atomically."""
-    from .. import atomic
+    from ..files import atomic, sealed
     os.makedirs(out, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, **state)
     params = buf.getvalue()
-    summary = dict(summary, outputs={'params.npz': atomic.sha256_of(params)})
+    summary = dict(summary, outputs={'params.npz': sealed.sha256_of(params)})
     atomic.write_all({os.path.join(out, 'params.npz'): params,
                       os.path.join(out, 'summary.json'):
                           json.dumps(summary, indent=1, default=float).encode()},

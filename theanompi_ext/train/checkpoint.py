@@ -2,7 +2,7 @@
 
 Layout of ``checkpoint.h5``::
 
-    user block (512 bytes): SHA-256 and length of the rest (atomic.seal)
+    user block (512 bytes): SHA-256 and length of the rest (sealed.seal)
     attrs: format_version, model, iteration, workers, sync_type, n_exch,
            names, shapes (JSON), config, history, partial (JSON)
     shared/values          exchanged parameters (identical on every rank)
@@ -14,7 +14,7 @@ Layout of ``checkpoint.h5``::
     rank<r>/stats/<name>   rank r's BN running statistics
 
 Writing: the file is built in memory, sealed, and written by
-:func:`theanompi_ext.atomic.write_atomic` (free space checked, one write,
+:func:`theanompi_ext.files.atomic.write_atomic` (free space checked, one write,
 fsync, ``os.replace``); the version it replaces becomes
 ``checkpoint.prev.h5`` (a hard link), so the last two good checkpoints are
 on disk. A state with a NaN or infinity on any rank is never written
@@ -32,8 +32,8 @@ import os
 
 import numpy as np
 
-from .. import atomic
-from ..errors import CheckpointError, DivergedState
+from ..files import atomic, sealed
+from ..errors import CheckpointError, CorruptFile, DivergedState
 
 FORMAT_VERSION = 2
 FILENAME = 'checkpoint.h5'
@@ -83,7 +83,7 @@ def build(trainer, states, partial=None):
     """The sealed file (a buffer) of a checkpoint of ``trainer`` with every rank's ``states``."""
     import h5py
     buf = io.BytesIO()
-    with h5py.File(buf, 'w', userblock_size=atomic.USERBLOCK) as f:
+    with h5py.File(buf, 'w', userblock_size=sealed.USERBLOCK) as f:
         lay = trainer.layout
         f.attrs.update(dict(
             format_version=FORMAT_VERSION, model=trainer.cfg.model,
@@ -102,14 +102,14 @@ def build(trainer, states, partial=None):
             g['lr_prev'] = st['lr_prev']
             for name, val in st['stats'].items():
                 g['stats/' + name] = val
-    return atomic.seal(buf.getbuffer())      # in place: one copy of the state in memory
+    return sealed.seal(buf.getbuffer())      # in place: one copy of the state in memory
 
 
 def save(trainer, path, partial=None):
     """Gather every rank's state and write ``path`` atomically from rank 0.
 
     Every rank raises :class:`DivergedState` if any state is not finite
-    (nothing is written); rank 0 raises :class:`~theanompi_ext.atomic.WriteError`
+    (nothing is written); rank 0 raises :class:`~theanompi_ext.errors.WriteError`
     when the disk refuses (the previous checkpoint stays).
     """
     states = trainer.comm.allgather(rank_state(trainer))
@@ -132,8 +132,8 @@ def read(path):
     if not os.path.exists(path):
         raise CheckpointError('%s: no checkpoint to resume from' % path)
     try:
-        data = atomic.read_sealed(path)
-    except atomic.CorruptFile as exc:
+        data = sealed.read_sealed(path)
+    except CorruptFile as exc:
         raise CheckpointError('%s; %s' % (exc, _fallback(path)))
     except OSError as exc:
         raise CheckpointError('%s: cannot read the checkpoint: %s' % (path, exc.strerror or exc))
@@ -150,7 +150,7 @@ def _fallback(path):
         return 'no previous checkpoint to fall back on: start again with --overwrite'
     try:
         import h5py
-        with h5py.File(io.BytesIO(atomic.read_sealed(prev)), 'r') as f:
+        with h5py.File(io.BytesIO(sealed.read_sealed(prev)), 'r') as f:
             it = int(f.attrs['iteration'])
     except (OSError, ValueError, KeyError) as exc:
         return 'the previous checkpoint %s is not good either (%s): start again with ' \

@@ -118,7 +118,7 @@ def main(args):
         return _launch(args, cfg)
     finally:
         if cfg.out:
-            from ..atomic import remove_stale_temporaries
+            from ..files.stale import remove_stale_temporaries
             remove_stale_temporaries(cfg.out)     # of a rank killed while writing
         if lock is not None:
             lock.release()

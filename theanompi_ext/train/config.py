@@ -69,7 +69,7 @@ class TrainConfig(object):
         """A copy with the defaults that depend on other options filled in
         (``exch_strategy``), ``decay_epochs`` a tuple and ``device`` in its
         canonical spelling; nothing is checked here (:meth:`validate` does)."""
-        from ..devices import parse_device_list
+        from ..engine.devices import parse_device_list
         cfg = dataclasses.replace(self)
         if cfg.exch_strategy == '':
             # The default: overlap wherever it exists (the old rules
@@ -152,7 +152,7 @@ class TrainConfig(object):
                 if self.backend in backend_names() else ''))
 
     def _check_run(self):
-        from ..devices import parse_device_list
+        from ..engine.devices import parse_device_list
         bad = self._bad
         if self.max_steps < 0:
             bad('max_steps', 'must be >= 0')

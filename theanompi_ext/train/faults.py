@@ -15,7 +15,7 @@ def stop_with_parent():
     """A rank ends when its parent (hydra's proxy, or the launcher) is gone.
 
     SIGTERM: the default action ends the rank at once, except inside a file
-    write, which finishes first (``atomic.deferred_signals``).
+    write, which finishes first (``files.signals.deferred_signals``).
     """
     import signal
     from ..launch.mpiexec import in_mpi_job, set_parent_death_signal

@@ -22,7 +22,7 @@ import os
 import socket
 import time
 
-from .. import atomic
+from ..files import atomic, stale
 from ..errors import OutputFolderError
 
 LOCK_NAME = '.theanompi-ext.lock'
@@ -120,7 +120,7 @@ def prepare(cfg):
     lock = FolderLock(cfg.out)
     try:
         check_contents(cfg)
-        atomic.remove_stale_temporaries(cfg.out, all_of_them=True)
+        stale.remove_stale_temporaries(cfg.out, all_of_them=True)
     except BaseException:
         lock.release()
         raise

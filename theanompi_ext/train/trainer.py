@@ -13,7 +13,7 @@ import numpy as np
 from ..params import tags_of
 from ..data import shards
 from ..collective.watchdog import watch
-from ..engine import on_device
+from ..engine.core import on_device
 from ..exchange.modes import OVERLAP
 from ..step.assemble import assemble_step, compile_in_turn, make_schedule
 from ..step.run import Step
@@ -245,7 +245,7 @@ class Trainer(object):
         on every rank (a rank that died meanwhile would make hydra kill the
         writer mid-write), so a job told to stop finishes the write first.
         """
-        from ..atomic import deferred_signals
+        from ..files.signals import deferred_signals
         note = 'this rank (the writer) has not finished writing %s' % path \
             if self.comm.rank == 0 else None
         with deferred_signals(), self.comm.bounded(self.iteration, label,

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from .. import atomic
+from ..files import atomic, sealed
 from . import outdir
 from .config import TrainConfig
 from .report import curves_png
@@ -20,7 +20,7 @@ from .report import curves_png
 def run(cfg, comm=None, log=print):
     """Train with ``cfg`` on this rank; returns the summary (all ranks)."""
     from ..collective import create_communicator
-    from ..device_open import open_on_every_rank
+    from ..engine.open import open_on_every_rank
     cfg = cfg.validate()
     comm = comm or create_communicator(cfg.backend)
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
@@ -99,7 +99,7 @@ def output_files(cfg, summary, trainer):
         png = curves_png(cfg, summary, trainer)
         if png is not None:
             files[os.path.join(cfg.out, 'curves.png')] = png
-        summary = dict(summary, outputs={os.path.basename(p): atomic.sha256_of(d)
+        summary = dict(summary, outputs={os.path.basename(p): sealed.sha256_of(d)
                                          for p, d in files.items()})
         files[os.path.join(cfg.out, 'summary.json')] = json.dumps(
             summary, indent=1, default=float).encode()
@@ -114,7 +114,7 @@ def _render(plot, path, *args):
 def write_outputs(cfg, summary, trainer):
     """summary.json, final parameters (npz), curves.png under cfg.out and the
     timeline, if set: all built in memory, then written together
-    (:func:`theanompi_ext.atomic.write_all`: old versions or new ones, never a mix
+    (:func:`theanompi_ext.files.atomic.write_all`: old versions or new ones, never a mix
     after a failure)."""
     files = output_files(cfg, summary, trainer)
     if cfg.out:

@@ -10,7 +10,7 @@ Tested equal to the numpy functions to float32 round-off.
 """
 import numpy as np
 
-from ..engine import T, device_value, function, shared
+from ..engine.core import T, device_value, function, shared
 from .momentum import check_options, momentum_scale
 
 

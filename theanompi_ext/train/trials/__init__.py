@@ -40,7 +40,7 @@ from .settings import (Setting, build_setting, collect_settings, parse_setting,
 from .stats import (LAST_EPOCHS, epoch_band, mean_std, median_of_last, peak_lr, run_error,
                     summarise_runs)
 
-# The command (``register`` for theanompi_ext/cli.py), the protocol's math and its
+# The command (``register`` for theanompi_ext/cli/commands.py), the protocol's math and its
 # settings, as ``theanompi_ext.train.trials.NAME``; launching, the report and the
 # plot are in the modules named so.
 __all__ = ['LAST_EPOCHS', 'Setting', 'build_setting', 'collect_settings', 'epoch_band', 'main',

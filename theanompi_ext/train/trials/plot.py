@@ -1,6 +1,6 @@
 """``trials.png``: the runs' curves with mean +- std, and each run's error."""
 from .stats import epoch_band
-from ...atomic import write_figure
+from ...files.atomic import write_figure
 
 
 def plot_trials(path, rows):

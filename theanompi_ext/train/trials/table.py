@@ -1,6 +1,6 @@
 """The report of ``trials``: a setting's entry, the printed table, ``trials.json``."""
 from .stats import LAST_EPOCHS, peak_lr, summarise_runs
-from ... import atomic
+from ...files import atomic
 
 
 def percent(v):

@@ -10,7 +10,7 @@ it (a view, no copy). Host copies of the parameters are made only when
 asked for (:attr:`DeviceParamSet.values`: checkpoints, replica checks,
 the final ``params.npz``).
 """
-from .engine import device_value, device_zeros, shared
+from ..engine.core import device_value, device_zeros, shared
 
 
 def view_offset(view, flat):

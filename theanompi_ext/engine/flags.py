@@ -1,6 +1,6 @@
 """The engine's (Theano's) configuration as flags, computed without importing Theano.
 
-:mod:`theanompi_ext.engine` applies these before its ``import theano``; the
+:mod:`theanompi_ext.engine.core` applies these before its ``import theano``; the
 launching side (:mod:`theanompi_ext.rules`) applies them before it looks
 up a model module, whose package may import Theano itself. Precedence,
 lowest first: our defaults, the user's ``.theanorc`` (the files named by
@@ -8,7 +8,7 @@ lowest first: our defaults, the user's ``.theanorc`` (the files named by
 ``THEANO_FLAGS``. A default is left out when the user's ``.theanorc``
 sets the same key, because Theano lets ``THEANO_FLAGS`` override it.
 ``device`` is the exception: it is always the project's own
-(:func:`theanompi_ext.devices.configured`, ``cpu`` unless ``--device``
+(:func:`theanompi_ext.engine.devices.configured`, ``cpu`` unless ``--device``
 chose one), so a Theano-MPI user's ``device=cuda0`` in a ``.theanorc``
 does not put the launching side, or a CPU run, on a GPU.
 """

@@ -5,11 +5,11 @@ import platform
 def gather():
     """A list of (label, value) lines."""
     import numpy
-    from . import __version__
+    from .. import __version__
     rows = [('theanompi_ext', __version__), ('python', platform.python_version()),
             ('numpy', numpy.__version__)]
     try:
-        from .engine import version, theano
+        from ..engine.core import version, theano
         rows.append(('theano', '%s (floatX=%s, compiledir=%s)' % (
             version(), theano.config.floatX, theano.config.base_compiledir)))
     except Exception as exc:
@@ -17,16 +17,16 @@ def gather():
     try:
         import mpi4py
         rows.append(('mpi4py', mpi4py.__version__))
-        from .collective.mpi import library_version, thread_level
+        from ..collective.mpi import library_version, thread_level
         rows.append(('MPI library', '%s (thread level %s)' % (library_version(), thread_level())))
     except Exception as exc:
         rows.append(('mpi4py', 'UNUSABLE: %s' % exc))
-    from .launch.mpiexec import find_mpiexec
+    from ..launch.mpiexec import find_mpiexec
     try:
         rows.append(('mpiexec', find_mpiexec()))
     except RuntimeError as exc:
         rows.append(('mpiexec', str(exc)))
-    from .collective.registry import available_backends
+    from ..collective.registry import available_backends
     for name, ok, why in available_backends():
         rows.append(('backend %s' % name, '%s - %s' % ('yes' if ok else 'no', why)))
     rows.extend(device_rows())
@@ -40,7 +40,7 @@ def openable_devices():
         import pygpu.gpuarray as ga
     except ImportError as exc:
         return None, [], [('pygpu', 'not installed (%s); `make gpu-deps` as root' % exc)]
-    from .engine import open_failure
+    from ..engine.core import open_failure
     ok, failed = [], []
     for kind in ('cuda', 'opencl'):
         try:
@@ -61,7 +61,7 @@ def openable_devices():
 
 def device_rows():
     """pygpu, the devices it opens, and per exchange path whether it works."""
-    from .step.device import nccl_unavailable
+    from ..step.device import nccl_unavailable
     version, ok, failed = openable_devices()
     rows = [('pygpu', version or 'no')]
     rows.append(('devices', ', '.join(['cpu'] + ok)))

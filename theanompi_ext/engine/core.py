@@ -1,6 +1,6 @@
 """The one module that imports Theano.
 
-Every other module gets Theano through here (``from theanompi_ext.engine
+Every other module gets Theano through here (``from theanompi_ext.engine.core
 import theano, T``), so that the engine's configuration lives in one place
 and no user has to set ``THEANO_FLAGS`` by hand:
 
@@ -12,26 +12,26 @@ and no user has to set ``THEANO_FLAGS`` by hand:
   instead of ``~/.theano``;
 * Python 3.11 cannot build the C extension of ``scan``
   (``longintrepr.h`` is gone), so we make Theano fall back to Python scan;
-* ``device``: the one :func:`theanompi_ext.devices.configure` chose
+* ``device``: the one :func:`theanompi_ext.engine.devices.configure` chose
   (``cpu`` by default); on a device also ``dnn.enabled=False`` (Theano
   1.0.5 knows cuDNN only up to v7; convolutions use GpuCorrMM), on OpenCL
   ``optimizer_excluding`` keeping the fused crossentropy(softmax) op on the
-  host (its kernel does not build there, :data:`engine_flags.OPENCL_EXCLUDED`), and the
+  host (its kernel does not build there, :data:`.flags.OPENCL_EXCLUDED`), and the
   device must open: else :class:`~theanompi_ext.errors.DeviceError`
   naming it and why.
 
 Flags the user did set in ``THEANO_FLAGS`` or in a ``.theanorc`` win over these
 defaults, except ``device``, which is the project's ``--device`` option
-(:mod:`theanompi_ext.engine_flags`, which does this without importing
+(:mod:`theanompi_ext.engine.flags`, which does this without importing
 Theano, for the launching side).
 """
 import os
 import sys
 import warnings
 
+from ..errors import DeviceError
 from .devices import configured as _configured_device
-from .errors import DeviceError
-from .engine_flags import cache_dir as _cache_dir, merged_flags as _merged_flags
+from .flags import cache_dir as _cache_dir, merged_flags as _merged_flags
 
 
 def _configure_and_import():
@@ -50,7 +50,7 @@ def _configure_and_import():
         # pocl compiles its kernels once per cache (~40 s for CLBlast's first call).
         # One folder per local rank: two ranks building the same kernel at once
         # into one folder failed (clBuildProgram: Unknown error).
-        from .devices import local_rank
+        from ..collective.world import local_rank   # at import, no comm: the launcher's variables
         base = os.environ.get('POCL_CACHE_DIR') or os.path.join(_cache_dir(), 'pocl')
         os.environ['POCL_CACHE_DIR'] = os.path.join(base, 'rank%d' % (local_rank() or 0))
         # pocl's CPU device: one thread per rank unless told (as for BLAS).

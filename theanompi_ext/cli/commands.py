@@ -10,10 +10,10 @@ import argparse
 import importlib
 import sys
 
-from .errors import EXIT_BAD_INPUT
+from ..errors import EXIT_BAD_INPUT
 
 COMMANDS = [
-    'theanompi_ext.info',
+    'theanompi_ext.cli.info',
     'theanompi_ext.train.check_equivalence',
     'theanompi_ext.train.cli',
     'theanompi_ext.train.trials',

@@ -1,10 +1,11 @@
 """Open this rank's device and load the engine on it, agreeing with every rank.
 
-Above both :mod:`theanompi_ext.devices` (which must not import the engine:
-the device is chosen before Theano loads) and :mod:`theanompi_ext.engine`.
+Above both :mod:`.devices` (which must not import the engine:
+the device is chosen before Theano loads) and :mod:`.core`.
 """
-from .devices import configure, device_for_rank, local_rank
-from .errors import DeviceError, DeviceErrorOnRanks
+from ..collective.world import local_rank
+from ..errors import DeviceError, DeviceErrorOnRanks
+from .devices import configure, device_for_rank
 
 
 def open_on_every_rank(spec, comm):
@@ -13,12 +14,15 @@ def open_on_every_rank(spec, comm):
     Every rank learns every rank's failure (an allgather), so a device that
     cannot be opened on one rank ends every rank with the same
     :class:`DeviceErrorOnRanks` naming the device(s), instead of leaving the
-    others waiting. Returns this rank's device.
+    others waiting. Returns this rank's device. Collective: every rank of
+    ``comm`` calls it (its local rank is MPI's, when ``comm`` holds an MPI
+    communicator).
     """
     err, dev = None, None
     try:
-        dev = configure(device_for_rank(spec, comm.rank, local_rank()))
-        from . import engine  # noqa: F401  (imports Theano on that device)
+        # A backend's mpi4py communicator (``comm.comm``) says which ranks share a host.
+        dev = configure(device_for_rank(spec, comm.rank, local_rank(getattr(comm, 'comm', None))))
+        from . import core  # noqa: F401  (imports Theano on that device)
     except DeviceError as exc:
         err = str(exc)
     errors = comm.allgather(err) if comm.size > 1 else [err]
