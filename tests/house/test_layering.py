@@ -27,6 +27,14 @@ LOWER = {
     'launch': FACES + ('exchange', 'backward', 'update', 'buckets', 'model', 'data'),
     # the step is below its faces: the trainer and the Theano-MPI stepper call it
     'step': ('train', 'bench', 'theanompi_compat', 'simulate', 'launch', 'cli'),
+    # the floors everything stands on: whole files (errors only), the engine (and
+    # the world it reads the local rank from), the flat parameter layout
+    'files': FACES + ('collective', 'exchange', 'backward', 'buckets', 'update', 'launch',
+                      'model', 'data', 'engine', 'params', 'cli'),
+    'engine': FACES + ('exchange', 'backward', 'buckets', 'update', 'launch', 'model', 'data',
+                       'params', 'cli'),
+    'params': FACES + ('collective', 'exchange', 'backward', 'buckets', 'update', 'launch',
+                       'model', 'data', 'cli'),
 }
 # Imports a rule above allows all the same, each with its reason. Aliases: modules
 # kept at a documented import path for users' model files; they only re-export.
