@@ -46,7 +46,7 @@ from ..exchange.modes import OVERLAP, SERIAL
 from ..step.assemble import assemble_step, compile_in_turn, make_schedule
 from ..step.run import Step
 from .graph import ContractBackward, ContractGraph, GradientFunction
-from .options import resolve_options
+from .options import OPTION_DEFAULTS, resolve_options
 from .tags import contract_tags
 
 
@@ -76,7 +76,8 @@ class ContractStepper(object):
     def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False):
         self.opts = opts = options if options is not None else resolve_options(model)
         # Waits inside a step are bounded and reported, as the trainer's (docs/faults.md).
-        comm = watch(comm, opts['collective_timeout_s'], opts['stall_warn_s'])
+        comm = watch(comm, *(opts.get(key, OPTION_DEFAULTS[key][0])
+                             for key in ('collective_timeout_s', 'stall_warn_s')))
         self.model, self.comm, self.sync_type = model, comm, sync_type
         self.k = k = comm.size
         self.overlap = bool(overlap)
