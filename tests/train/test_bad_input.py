@@ -82,6 +82,50 @@ def test_config_file_unknown_key_named(tmp_path):
     assert r.returncode == 2 and 'LEARNING_RATE' in r.stderr and 'line 2' in r.stderr
 
 
+def test_config_file_key_given_twice_names_both_lines(tmp_path):
+    from theanompi_ext.train.options import read_kv_file
+    p = tmp_path / 'session.cfg'
+    p.write_text('epochs=2\n# the last one used to win\nbatch_per_worker = 8\nEPOCHS = 0\n')
+    with pytest.raises(ValueError, match=r'session.cfg line 4: key EPOCHS given twice '
+                                         r'\(line 1 already set it\)'):
+        read_kv_file(str(p))
+    r = cli('train', '--config', str(p), '--dry-run')
+    assert r.returncode == 2 and 'line 4: key EPOCHS given twice (line 1' in r.stderr, r.stderr
+    p.write_text('epochs=2\nbatch_per_worker = 8\n')
+    assert read_kv_file(str(p)) == {'epochs': '2', 'batch_per_worker': '8'}
+
+
+@pytest.mark.parametrize('target,why', [('missing', 'no such file'),
+                                        ('plain', 'not executable')])
+def test_mpiexec_variable_naming_no_program_is_bad_input(tmp_path, target, why):
+    """THEANOMPI_EXT_MPIEXEC that names no program: exit 2 naming it, no traceback."""
+    from theanompi_ext.errors import BadInput
+    from theanompi_ext.launch.mpiexec import find_mpiexec
+    path = tmp_path / 'mpiexec'
+    if target == 'plain':
+        path.write_text('#!/bin/sh\n')          # exists, not executable
+    env = dict(os.environ, THEANOMPI_EXT_MPIEXEC=str(path))
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'train', '--workers', '2',
+                        '--epochs', '1', '--warmup', 'none'], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert 'THEANOMPI_EXT_MPIEXEC=%s: %s' % (path, why) in r.stderr
+    assert 'Traceback' not in r.stderr
+    old = os.environ.get('THEANOMPI_EXT_MPIEXEC')
+    try:
+        os.environ['THEANOMPI_EXT_MPIEXEC'] = str(path)
+        with pytest.raises(BadInput, match=why):
+            find_mpiexec()
+        path.write_text('#!/bin/sh\n')
+        path.chmod(0o755)                          # now a program: taken as it is
+        assert find_mpiexec() == str(path)
+    finally:
+        if old is None:
+            del os.environ['THEANOMPI_EXT_MPIEXEC']
+        else:
+            os.environ['THEANOMPI_EXT_MPIEXEC'] = old
+
+
 @pytest.mark.parametrize('k', [2, 3])
 def test_models_that_differ_across_ranks_are_detected(mpirun, tmp_path, k):
     # The last rank builds a wider hidden layer than the others.

@@ -11,14 +11,24 @@ import subprocess
 import sys
 
 from ..collective.world import in_mpi_job  # noqa: F401  (re-exported for the launchers)
-from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT
+from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, BadInput
+
+#: The environment variable that names the mpiexec to use.
+MPIEXEC_VAR = 'THEANOMPI_EXT_MPIEXEC'
 
 
 def find_mpiexec():
     """Path of the mpiexec to use, or raise with what to install."""
-    override = os.environ.get('THEANOMPI_EXT_MPIEXEC')
+    override = os.environ.get(MPIEXEC_VAR)
     if override:
-        return override
+        # a path, or a name looked up on PATH; checked here, before a launch
+        # turns it into a traceback
+        found = shutil.which(override)
+        if found is None:
+            why = 'not executable' if os.path.exists(override) else 'no such file'
+            raise BadInput('%s=%s: %s (unset it to use the mpiexec beside this Python '
+                           'or on PATH)' % (MPIEXEC_VAR, override, why))
+        return found
     here = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
     if os.path.exists(here):
         return here

@@ -126,12 +126,18 @@ def main(args):
 
 
 def _launch(args, cfg):
-    from ..launch.mpiexec import child_env
+    from ..errors import BadInput
+    from ..launch.mpiexec import child_env, find_mpiexec
     from ..launch.postmortem import run_explained   # names a rank that died
     from ..launch.worker_job import temporary_worker_config, worker_command
     if args.workers == 1 and not args.hostfile:
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
+    try:
+        find_mpiexec()
+    except BadInput as exc:
+        sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
+        return EXIT_BAD_INPUT
     with temporary_worker_config(cfg.to_dict()) as path:
         env = child_env()
         if sys.stdout.isatty():

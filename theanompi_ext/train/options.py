@@ -256,9 +256,10 @@ def read_config_lines(path):
 def read_kv_file(path, known=None):
     """Parse a key=value file (``#`` comments); keys are lower-cased.
 
-    Raises ValueError naming the file and line for malformed lines.
+    Raises ValueError naming the file and line for malformed lines, and
+    both lines of a key given twice (the last would otherwise win silently).
     """
-    out = {}
+    out, where = {}, {}
     lines = read_config_lines(path)
     for no, raw in enumerate(lines, 1):
         line = raw.split('#', 1)[0].strip()
@@ -273,6 +274,10 @@ def read_kv_file(path, known=None):
         if known is not None and key not in known:
             raise ValueError('%s line %d: unknown key %r (known: %s)'
                              % (path, no, key.upper(), ', '.join(sorted(k.upper() for k in known))))
+        if key in where:
+            raise ValueError('%s line %d: key %s given twice (line %d already set it)'
+                             % (path, no, key.upper(), where[key]))
+        where[key] = no
         out[key] = value.strip('"\'')
     return out
 
