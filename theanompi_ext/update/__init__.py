@@ -1,4 +1,5 @@
-"""The math of the update, as plain numpy functions (no MPI; only ``device`` compiles, through the engine).
+"""The math of the update, as plain numpy functions (no MPI; only ``device``
+compiles, through the engine).
 
 ``schedule``  linear scaling rule, warm-up (gradual / constant / none /
               Theano-MPI's geometric per-epoch), step decay.
