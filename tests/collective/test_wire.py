@@ -158,9 +158,9 @@ class _Float32Only(Communicator):
 def test_backend_that_cannot_send_16_bits_is_refused_by_name():
     with pytest.raises(ValueError, match='the pygpu-nccl backend cannot send gradients as '
                                          r'float16 \(wire dtypes it can send: float32\)'):
-        KnSumExchanger(_Float32Only(), [], 0, 1, wire='float16')
+        KnSumExchanger(_Float32Only(), [], 0, wire='float16')
     with pytest.raises(ValueError, match="unknown wire dtype 'fp8'"):
-        KnSumExchanger(LocalCommunicator(), [], 0, 1, wire='fp8')
+        KnSumExchanger(LocalCommunicator(), [], 0, wire='fp8')
     from theanompi_ext.collective.pygpu_nccl import PygpuNCCLCommunicator
     assert PygpuNCCLCommunicator.wire_dtypes == ('float32',)
 
