@@ -140,7 +140,8 @@ def assemble_step(comm, variables, tags, settings, local_scale, names=None):
     agree_on_plan(comm, buckets, layout, agreed)
     common = dict(order=order, layout=layout, n_exch_params=n_exch_params, n_exch=n_exch,
                   buckets=buckets, agreed=agreed)
-    if _on_device():
+    from ..engine.core import on_device   # the variables are Theano's: loaded already
+    if on_device():
         from .device import device_parts
         dparams, dgrads, exchanger, rule, path = device_parts(
             comm, params, buckets, n_exch, settings, local_scale,
@@ -153,13 +154,6 @@ def assemble_step(comm, variables, tags, settings, local_scale, names=None):
     return StepParts(params=params, grads=np.zeros(layout.total, np.float32),
                      exchanger=exchanger, rule=rule, device_grads=None,
                      exchange_path='host MPI', **common)
-
-
-def _on_device():
-    """True when the engine computes on a device (the variables are Theano's:
-    importing the engine here loads nothing new)."""
-    from ..engine.core import on_device
-    return on_device()
 
 
 def make_schedule(settings, total_batch, iters_per_epoch, epochs, workers):

@@ -55,6 +55,17 @@ class Step(object):
         self._checked = 0          # gradient entries checked finite so far this step
         self._bad = False
 
+    def make_timeline(self):
+        """A :class:`~theanompi_ext.exchange.timeline.Timeline` of this rank whose
+        trace carries each backward chunk's exchanged gradient sizes (what
+        ``simulate --layers`` reads)."""
+        from ..exchange.timeline import Timeline, chunk_grad_sizes
+        timeline = Timeline(self.comm.rank)
+        if hasattr(self.backward, 'chunk_params'):
+            timeline.chunk_grads = chunk_grad_sizes(self.backward.chunk_params,
+                                                    self.parts.layout, self.parts.n_exch_params)
+        return timeline
+
     # -- finiteness -------------------------------------------------------------
     def _check_final(self, n_ready):
         """Check the entries of the first ``n_ready`` parameters not yet checked."""

@@ -117,12 +117,9 @@ class ContractStepper(object):
                 model, self.order, self.feed, device_scale=scale)), k, self.on_device)
         self.has_error = self.backward.graph.has_error if self.overlap \
             else self.backward.has_error
-        timeline = None
+        self._step = Step(comm, parts, self.backward, self.overlap, self.iters_per_epoch)
         if opts.get('timeline'):
-            from ..exchange.timeline import Timeline
-            timeline = Timeline(comm.rank)
-        self._step = Step(comm, parts, self.backward, self.overlap, self.iters_per_epoch,
-                          timeline)
+            self._step.timeline = self._step.make_timeline()
         self.master = self.params.values.copy()
         self.iteration = 0
 

@@ -70,15 +70,9 @@ class Trainer(object):
         self._step.timeline = timeline
 
     def make_timeline(self):
-        """A :class:`~theanompi_ext.exchange.timeline.Timeline` of this rank whose
-        trace carries each backward chunk's exchanged gradient sizes (what
-        ``simulate --layers`` reads)."""
-        from ..exchange.timeline import Timeline, chunk_grad_sizes
-        timeline = Timeline(self.comm.rank)
-        if hasattr(self.backward, 'chunk_params'):
-            timeline.chunk_grads = chunk_grad_sizes(self.backward.chunk_params, self.layout,
-                                                    self.n_exch_params)
-        return timeline
+        """A fresh timeline of this rank's step (:meth:`Step.make_timeline
+        <theanompi_ext.step.run.Step.make_timeline>`)."""
+        return self._step.make_timeline()
 
     def _build_backward(self, bn_groups):
         from ..backward.monolithic import MonolithicBackward
