@@ -15,7 +15,11 @@ How (one model graph, no cloning):
 * chunk ``c`` covers top-level layers ``[first, stop)`` with output ``h_out``
   and input ``h_in``; its gradient graph is
   ``grad(None, wrt=params + [h_in], known_grads={h_out: g_out})`` (the
-  output chunk uses the real cost instead of ``known_grads``). Passing
+  output chunk uses the real cost instead of ``known_grads``). A parameter
+  of a chunk nearer the input that this chunk's ops also use (a tied
+  weight, weight decay inside the loss) is in ``wrt`` too, with the
+  gradient stopped at ``h_in``: that part is added to what its own chunk
+  gives, which runs later (so its bucket still starts when it is final). Passing
   intermediate variables as inputs of ``theano.function`` cuts the graph
   there, so a chunk function takes ``g_out`` and its cut points and never
   reruns the forward's expensive ops. The cut points are found by walking
