@@ -160,10 +160,10 @@ def test_native_layers_name_the_chunks_and_give_the_boundaries():
     m = NativeModel()
     found = find_chunks(m)
     assert found.source.startswith('the Theano graph from model.x')
-    assert [e[0] for e in found.entries] == ['FC1', 'Block2', 'Softmax3']
+    assert [e[0] for e in found.entries] == ['FC[1]', 'Block[2]', 'Softmax[3]']
     assert found.entries[0][1] is m.net.h1 and found.entries[1][1] is m.net.h3
     assert found.entries[-1][1] is m.cost
-    assert '3 chunks found' in found.why and 'FC1 | Block2 | Softmax3' in found.why
+    assert '3 chunks found' in found.why and 'FC[1] | Block[2] | Softmax[3]' in found.why
 
 
 class LasagneShaped(object):
@@ -194,7 +194,7 @@ class LasagneShaped(object):
 def test_lasagne_layer_graph_names_the_chunks():
     found = find_chunks(LasagneShaped())
     assert 'model.output_layer (Lasagne layers)' in found.source
-    assert [e[0] for e in found.entries] == ['dense11', 'L2..L3', 'out5']
+    assert [e[0] for e in found.entries] == ['dense1[1]', 'L[2]..L[3]', 'out[5]']
 
 
 class OneBlock(object):

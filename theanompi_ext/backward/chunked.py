@@ -359,9 +359,10 @@ class ChunkedBackward(object):
         start = h_in if h_in is not None else g.data_roots[0]
         region = index.between(start) if c == 0 else index.between(start, outs[stop - 1])
         # Parameters of chunks nearer the input that this chunk's ops also use
+        # (not the op that made h_in: it belongs to the chunk before)
         # (a tied weight, a weight-decay term in the loss): their partial
         # gradient through this chunk is added to what their own chunk gives.
-        foreign = [i for i in index.params_used(region, params) if i not in idx]
+        foreign = [i for i in index.params_used(region - {start}, params) if i not in idx]
         late = [i for i in foreign if i in produced]
         if late:
             raise ValueError(

@@ -33,7 +33,7 @@ def _symbolic(v):
 def _label(layer, i):
     name = getattr(layer, 'name', None)
     name = str(name).strip() if name is not None else ''
-    return '%s%d' % (name or type(layer).__name__, i)
+    return '%s[%d]' % (name or type(layer).__name__, i)
 
 
 def _native_layers(model):
@@ -83,7 +83,7 @@ def _lasagne_layers(model):
 def _group_name(params, owners, index):
     names = []
     for p in params:
-        n = owners.get(p) or '%s%d' % (p.name or 'param', index[p])
+        n = owners.get(p) or '%s[%d]' % (p.name or 'param', index[p])
         if n not in names:
             names.append(n)
     return names[0] if len(names) == 1 else '%s..%s' % (names[0], names[-1])
