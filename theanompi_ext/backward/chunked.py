@@ -136,7 +136,14 @@ class _ForwardIndex(object):
     def __init__(self, graph):
         roots = [graph.cost, graph.err_sum] + [u for _, u in graph.stat_updates]
         self.nodes = toposort(roots)
-        self.data_dep = set(graph.data_roots)
+        # State the forward moves (a random generator: its default update)
+        # counts as data: a chunk must receive what the forward drew, never
+        # draw again.
+        state = set(v for node in self.nodes for v in node.inputs
+                    if getattr(v, 'default_update', None) is not None)
+        self.drawn = set(v for node in self.nodes if any(i in state for i in node.inputs)
+                         for v in node.outputs)
+        self.data_dep = set(graph.data_roots) | state
         for node in self.nodes:
             if any(v in self.data_dep for v in node.inputs):
                 self.data_dep.update(node.outputs)
@@ -164,9 +171,10 @@ class _ForwardIndex(object):
         recomputes: cheap ops that are not chunk boundaries, or all but
         ``start`` and the batch when ``everything``."""
         if everything:
-            return {v for v in inside if v is not start and v.owner is not None}
+            return {v for v in inside if v is not start and v.owner is not None
+                    and v not in self.drawn}
         return {v for v in inside if v not in self.materialised and v.owner is not None
-                and type(v.owner.op).__name__ in ops}
+                and type(v.owner.op).__name__ in ops and v not in self.drawn}
 
     def cut_points(self, outputs, recompute):
         """Forward variables the gradient graph ``outputs`` must receive.
@@ -301,9 +309,11 @@ class ChunkedBackward(object):
             name = layer_names[first] if stop - first == 1 else \
                 '%s..%s' % (layer_names[first], layer_names[stop - 1])
             inputs = ([b.g_out] if b.g_out is not None else []) + b.cuts
+            # The forward alone moves the state (BN statistics, random generators).
             fn = function(inputs, b.grads, name='backward:' + name, excluding=self.excluding,
                           device_inputs=inputs if device_io else (),
-                          device_outputs=b.grads if device_io else ())
+                          device_outputs=b.grads if device_io else (),
+                          no_default_updates=True)
             self.chunks.append(_Chunk(name, fn, b.param_indices, [slot[v] for v in b.cuts],
                                       b.g_out is not None, b.h_in is not None, b.n_ready))
         _set_releases(self.chunks, len(g.inputs))

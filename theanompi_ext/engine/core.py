@@ -114,7 +114,7 @@ def on_device():
 
 
 def function(inputs, outputs, updates=None, name=None, excluding=(),
-             device_inputs=(), device_outputs=()):
+             device_inputs=(), device_outputs=(), no_default_updates=False):
     """Compile a Theano function (thin wrapper so callers never import theano).
 
     ``excluding`` names graph optimisations (tags) to leave out of the
@@ -125,6 +125,10 @@ def function(inputs, outputs, updates=None, name=None, excluding=(),
     there, as a host input would be), and the float32 ``outputs`` in
     ``device_outputs`` are returned as device arrays the caller borrows
     (valid until the next call). On the host both are ignored.
+
+    ``no_default_updates``: shared variables' default updates (random
+    generator states, Lasagne's BN running statistics) are not applied,
+    for functions that re-read a graph another function already ran.
     """
     mode = theano.compile.mode.get_default_mode().excluding(*excluding) if excluding else None
     givens = None
@@ -132,7 +136,8 @@ def function(inputs, outputs, updates=None, name=None, excluding=(),
         inputs, givens = _device_inputs(inputs, device_inputs)
         outputs = _device_outputs(outputs, device_outputs)
     return theano.function(inputs, outputs, updates=updates, name=name, mode=mode,
-                           givens=givens, allow_input_downcast=True, on_unused_input='ignore')
+                           givens=givens, allow_input_downcast=True, on_unused_input='ignore',
+                           no_default_updates=no_default_updates)
 
 
 def _on_device(v, chosen):

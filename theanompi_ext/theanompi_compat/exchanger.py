@@ -3,14 +3,16 @@
 Theano-MPI's worker constructs ``BSP_Exchanger(comm, gpucomm,
 exch_strategy, sync_type, ctx, model)`` and, per iteration, calls
 ``model.train_iter(i, recorder)`` and then ``exchanger.exchange(recorder)``.
-:class:`BSP_Exchanger` here has that shape. On ``exchange`` it times a
-``Barrier`` as ``'sync'``, then (as ``'comm'``): restores the parameters of
-our last step (discarding the local step the model's own train function
-just took), computes the gradient of the model's cost on the batch the
-model just loaded (see :mod:`theanompi_ext.theanompi_compat.stepper`), exchanges it over
-MPI with the ``kn``, ``avg`` or ``cdd`` rule of this project and applies
-the update. ``avg``/``cdd`` therefore follow our :class:`AvgRule` /
-:class:`CddRule` semantics (not Theano-MPI's own code).
+:class:`BSP_Exchanger` here has that shape. When it is built (after the
+model's ``compile_iter_fns``) it puts our step in place of the model's
+``train_iter_fn`` (:mod:`~theanompi_ext.theanompi_compat.train_fn`), so
+the model's ``train_iter`` loads the batch and runs one step of ours:
+gradient (overlapped with the exchange when ``exch_strategy='ar-overlap'``
+and chunks are found in the model's graph), exchange over MPI with the
+``kn``, ``avg`` or ``cdd`` rule of this project, update. The model's own
+train function never runs. ``exchange(recorder)`` then has nothing left
+to do but check that exactly one step ran. ``avg``/``cdd`` follow our
+:class:`AvgRule` / :class:`CddRule` semantics (not Theano-MPI's own code).
 
 Hooking in: :func:`install_into_theanompi` replaces ``BSP_Exchanger`` in
 Theano-MPI's exchanger module (and in any already imported ``theanompi``
@@ -35,15 +37,12 @@ the finite-gradient vote stay on host MPI. With ``gpucomm=None`` the whole
 exchange is host-memory MPI. Tested against a fake ``GpuComm`` only; not
 yet run on a GPU.
 
-What it cannot do there: overlap (Theano-MPI's worker runs the whole
-iteration before calling ``exchange``), and every iteration costs one
-extra forward/backward (the model's own step, then ours).
 """
 import sys
 
 from .stepper import ContractStepper
 from .options import resolve_options
-from ..exchange.modes import NEW_SYNC_TYPES, SERIAL, check_mode
+from ..exchange.modes import NEW_SYNC_TYPES, OVERLAP, check_mode
 from ..errors import NotInstallable
 
 THEANOMPI_EXCHANGER_MODULE = 'theanompi.lib.exchanger'
@@ -65,28 +64,32 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
         self.comm = exchange_communicator(comm, gpucomm, ctx)
         self.sync_type, self.exch_strategy = sync_type, exch_strategy
         self.model = model
-        self.stepper = ContractStepper(model, self.comm, sync_type, options)
-        if self.comm.rank == 0 and exch_strategy != SERIAL:
-            print('theanompi_ext: exch_strategy=%s inside Theano-MPI runs the serial '
-                  'exchange (its worker calls exchange() after the whole iteration)'
-                  % exch_strategy)
+        from .worker import choose_mode
+        mode, why, chunks = choose_mode(model, exch_strategy)
+        self.stepper = ContractStepper(model, self.comm, sync_type, options,
+                                       overlap=(mode == OVERLAP), chunks=chunks)
+        self.train_fn = self.stepper.take_over()
+        if self.comm.rank == 0:
+            print('theanompi_ext: inside Theano-MPI\'s worker, exchange mode %s: %s; '
+                  'model.train_iter_fn runs our step (one step per iteration)' % (mode, why))
         self.last = None
         self.calls = 0
 
     def exchange(self, recorder):
-        """Synchronise the ranks ('sync'), then gradient + exchange + update ('comm').
+        """Check that the model's ``train_iter`` just ran exactly one step of ours.
 
-        Theano-MPI's worker calls this after every ``train_iter``, i.e. once
-        per sub-batch, ``model.n_subb`` times per file batch in order: the
-        count of calls gives the sub-batch the model just trained on.
+        Theano-MPI's worker calls this after every ``train_iter``; the
+        gradient, the exchange and the update already ran inside it, where
+        the model called ``train_iter_fn``.
         """
-        recorder.start()
-        self.comm.barrier(label='sync')
-        recorder.end('sync')
-        recorder.start()
-        self.last = self.stepper.step(self.calls % self.stepper.n_subb)
-        self.calls += 1
-        recorder.end('comm')
+        self.train_fn.expect_one_call(self.calls, 'model.train_iter')
+        self.calls = self.train_fn.calls
+        self.last = self.train_fn.last
+        # Theano-MPI's recorder expects both modes every iteration; the
+        # synchronisation and the exchange were timed inside 'calc'.
+        for mode in ('sync', 'comm'):
+            recorder.start()
+            recorder.end(mode)
 
 
 def exchange_communicator(comm, gpucomm=None, ctx=None, to_device=None):

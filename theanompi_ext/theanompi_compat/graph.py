@@ -5,7 +5,6 @@ and :class:`ContractGraph` (the layers, for the chunked backward).
 """
 import numpy as np
 
-from .tags import layer_entries
 
 
 class GradientFunction(object):
@@ -40,8 +39,8 @@ class GradientFunction(object):
         arrays (the stepper copies them into the flat device gradient)."""
         from ..engine.core import function
         scaled = [g * np.float32(scale) for g in grads]
-        fed = self.feed.clone(outs + scaled)
-        return function(list(self.feed.inputs), fed, name='tmx_contract_grads',
+        fed, updates = self.feed.clone_with_state(outs + scaled)
+        return function(list(self.feed.inputs), fed, updates=updates, name='tmx_contract_grads',
                         device_outputs=fed[self.n_out:])
 
     def __call__(self, subb=0):
@@ -86,20 +85,23 @@ class ContractGraph(object):
     :class:`~theanompi_ext.backward.graph.TrainGraph` gives it for our own
     networks: ``cost`` (the model's cost times a shared ``scale`` = 1/k,
     i.e. the loss over kn), ``loss_sum``/``err_sum`` (here the model's own
-    per-worker means), the layers' outputs and parameters from
-    ``model.tmx_layers``, and the data inputs. The graph is the model's own,
+    per-worker means), the chunk boundaries (``entries``: (name, output,
+    params) in forward order, from :func:`~.chunks.find_chunks`: the
+    model's ``tmx_layers`` or the cuts found in its graph), and the data inputs. The graph is the model's own,
     rewritten with the model's feed (:class:`~theanompi_ext.theanompi_compat.feed.ModelFeed`)
     to read the shared file batch; its one input, if any, is the sub-batch
-    index ``model.subb_ind``. BN running statistics are
-    left to the model, as in the serial path.
+    index ``model.subb_ind``. BN running statistics that are default
+    updates (Lasagne's) move in the forward function only.
     """
 
-    def __init__(self, model, loss_scale, feed=None):
+    def __init__(self, model, loss_scale, feed=None, entries=None):
         from ..engine.core import T, shared, toposort
         from .feed import ModelFeed
-        entries = layer_entries(model)
         if entries is None:
-            raise ValueError('the model has no tmx_layers attribute')
+            from .chunks import find_chunks
+            entries = find_chunks(model).entries
+        if entries is None:
+            raise ValueError('no backward chunks in the model (see chunks.find_chunks)')
         self.layers = [(name, params) for name, _, params in entries]
         self.data_roots = [v for v in (getattr(model, 'shared_x', None),
                                        getattr(model, 'shared_y', None)) if hasattr(v, 'get_value')]
@@ -112,18 +114,19 @@ class ContractGraph(object):
         ancestors = set(v for node in toposort([model.cost]) for v in node.outputs)
         for i, (name, output, _) in enumerate(entries):
             if output not in ancestors:
-                raise ValueError('model.tmx_layers[%d] (%s): its output is not part of '
+                raise ValueError('chunk %d (%s): its output is not part of '
                                  'model.cost\'s graph' % (i, name))
             if i and not any(entries[i - 1][1] in node.inputs
                              for node in toposort([output])):
-                raise ValueError('model.tmx_layers must be in forward order: the output of '
-                                 'entry %d (%s) is not computed from that of entry %d (%s)'
+                raise ValueError('the chunks must be in forward order: the output of '
+                                 'chunk %d (%s) is not computed from that of chunk %d (%s)'
                                  % (i, name, i - 1, entries[i - 1][0]))
         self.model_feed = feed if feed is not None else ModelFeed(model)
         # The model's graph as its own train function runs it: read from the
         # shared file batch through the model's givens (slice, dimshuffle, ...).
-        outs = self.model_feed.clone([model.cost] + ([err] if err is not None else []) +
-                                     [output for _, output, _ in entries])
+        outs, self.stat_updates = self.model_feed.clone_with_state(
+            [model.cost] + ([err] if err is not None else []) +
+            [output for _, output, _ in entries])
         cost = outs[0]
         self.layer_outputs = outs[1 + self.has_error:]
         self.inputs = list(self.model_feed.inputs)
@@ -133,7 +136,6 @@ class ContractGraph(object):
         self.err_sum = outs[1] if self.has_error else T.constant(np.float32(0))
         self.scale = shared(np.float32(loss_scale), name='loss_scale')
         self.cost = cost * self.scale
-        self.stat_updates = []
 
     def feed(self, x=None, y=None):
         """Values of :attr:`inputs`: ``x`` is the sub-batch index (the batch

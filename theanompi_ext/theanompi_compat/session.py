@@ -11,7 +11,9 @@ overwrite each other.
 Flags, as Theano-MPI's launcher spells them: ``-cfg=F`` / ``--config=F``
 (also ``--cfg F``), ``-file=`` / ``--modelfile=``, ``-class=`` /
 ``--modelclass=``, ``-r=`` / ``--rule=``, ``-bsp_sync_type=``,
-``-bsp_exch_strategy=``. Any other flag (Theano-MPI's ``-bind``, ``-s``)
+``-bsp_exch_strategy=``; and ``--dry-run`` (ours: build the model once
+here and print the plan, the backward chunks found included, without
+launching, :mod:`~theanompi_ext.theanompi_compat.dry_run`). Any other flag (Theano-MPI's ``-bind``, ``-s``)
 is an error, not ignored. A flag and a session key that disagree are an
 error.
 
@@ -37,7 +39,7 @@ from ..errors import EXIT_BAD_INPUT
 
 USAGE = ('usage: python -m theanompi_ext.tmlauncher -cfg=SESSION.cfg [-file=MODELFILE] '
          '[-class=MODELCLASS] [-r=BSP] [-bsp_sync_type=kn|avg|cdd] '
-         '[-bsp_exch_strategy=ar|ar-overlap]   (console script: tmxlauncher)')
+         '[-bsp_exch_strategy=ar|ar-overlap] [--dry-run]   (console script: tmxlauncher)')
 REQUIRED = ('rule', 'modelfile', 'modelclass', 'devices')
 # Flag spellings -> session key (Theano-MPI's launcher's flags).
 FLAGS = {'-cfg': 'cfg', '--cfg': 'cfg', '--config': 'cfg', '-file': 'modelfile',
@@ -63,6 +65,9 @@ def parse_args(argv):
     argv, out, i = list(argv), {}, 0
     while i < len(argv):
         arg = argv[i]
+        if arg == '--dry-run':
+            out['dry_run'], i = True, i + 1
+            continue
         flag, eq, value = arg.partition('=')
         if flag in REFUSED_FLAGS:
             raise ValueError('flag %s (%s) is not supported by theanompi_ext\'s launcher'
@@ -200,7 +205,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         flags = parse_args(argv)
+        dry_run = flags.pop('dry_run', False)
         s = session_from_file(flags.get('cfg'), flags)
+        if dry_run:
+            from .dry_run import plan_lines
+            return plan_lines(s)
         rule = BSP()
         rule.sync_type, rule.exch_strategy = s['sync_type'], s['exch_strategy']
         rule.init(s['devices'], s['modelfile'], s['modelclass'], **s['options'])

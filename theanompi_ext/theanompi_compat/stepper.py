@@ -16,13 +16,16 @@ gradient values. Decision (see ``docs/migrating-from-theano-mpi.md``):
   ``shared_y``) and ``shared_lr`` are given for ``model.x``/``y``/``lr``.
   One iteration is one sub-batch, as in Theano-MPI's worker loop; n (of kn)
   is the sub-batch size.
-* Loading a batch: the model's optional hook ``model.load_train_batch(i)``
-  is used when present (it only fills ``shared_x``/``shared_y``). Without
-  it we call the model's own ``train_iter(i, recorder)`` (which loads the
-  batch and takes the model's own local step) and then **restore** the
-  parameters from our master copy, so the model's own step is discarded;
-  the cost is one extra forward/backward per iteration and BN running
-  statistics, if any, are updated twice.
+* One training step's compute per iteration: after the model's own
+  ``compile_iter_fns``, :meth:`ContractStepper.take_over` puts
+  :class:`~theanompi_ext.theanompi_compat.train_fn.StepFunction` in place
+  of ``model.train_iter_fn``. The model's own ``train_iter`` still loads
+  the batch (its sharding, shuffling, parallel loading, recorder calls)
+  and then calls ``train_iter_fn(subb)``, which now runs our step on that
+  sub-batch: the model's own compiled train function never runs, nothing
+  is undone, BN running statistics move once per step. A model may
+  instead give the hook ``model.load_train_batch(i)`` (it only fills
+  ``shared_x``/``shared_y``); our worker then calls :meth:`step` itself.
 * The model's cost is a mean over the worker's n examples; its gradient
   times ``1/k`` is the gradient of the loss normalised by kn (the same
   number as dividing the loss by kn).
@@ -38,8 +41,6 @@ It is shared by :mod:`theanompi_ext.theanompi_compat.worker` (our worker) and
 :mod:`theanompi_ext.theanompi_compat.exchanger` (inside Theano-MPI).
 """
 from types import SimpleNamespace
-
-import numpy as np
 
 from ..collective.watchdog import watch
 from ..exchange.modes import OVERLAP, SERIAL
@@ -73,7 +74,8 @@ class ContractStepper(object):
     shared variables.
     """
 
-    def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False):
+    def __init__(self, model, comm, sync_type='kn', options=None, log=print, overlap=False,
+                 chunks=None):
         self.opts = opts = options if options is not None else resolve_options(model)
         # Waits inside a step are bounded and reported, as the trainer's (docs/faults.md).
         comm = watch(comm, *(opts.get(key, OPTION_DEFAULTS[key][0])
@@ -91,10 +93,6 @@ class ContractStepper(object):
                               names=names)
         parts.install(self)
         self.on_device = parts.device_grads is not None
-        # On the host the master copy undoes whatever the model's own train
-        # function did; on a device only a model without load_train_batch (whose
-        # train_iter steps) needs it, the others' parameters are not touched.
-        self.restores = not self.on_device or getattr(model, 'load_train_batch', None) is None
         from .feed import ModelFeed
         self.feed = ModelFeed(model, opts['batch_per_worker'],
                               outputs=[getattr(model, 'error', None)])
@@ -105,12 +103,20 @@ class ContractStepper(object):
         self.schedule = make_schedule(settings, k * self.n, self.iters_per_epoch,
                                       int(model.n_epochs), workers=k)
         # Overlap: our chunked backward on the model's own graph, each bucket
-        # started as soon as its gradients are final (needs model.tmx_layers).
+        # started as soon as its gradients are final. ``chunks``: the
+        # (name, output, params) entries (chunks.find_chunks), found if not given.
         if self.overlap:
             from ..backward.chunked import ChunkedBackward
+            if chunks is None:
+                from .chunks import find_chunks
+                chunks = find_chunks(model).entries
+            if chunks is None:
+                raise ValueError('overlap asked for, but no backward chunks were found in '
+                                 'the model (chunks.find_chunks)')
             self.backward = compile_in_turn(comm, lambda: ChunkedBackward(
                 None, self.params.vars, 1.0 / k,
-                graph=ContractGraph(model, 1.0 / k, feed=self.feed), device_io=self.on_device))
+                graph=ContractGraph(model, 1.0 / k, feed=self.feed, entries=chunks),
+                device_io=self.on_device))
         else:
             scale = 1.0 / k if self.on_device else None
             self.backward = ContractBackward(compile_in_turn(comm, lambda: GradientFunction(
@@ -120,8 +126,8 @@ class ContractStepper(object):
         self._step = Step(comm, parts, self.backward, self.overlap, self.iters_per_epoch)
         if opts.get('timeline'):
             self._step.timeline = self._step.make_timeline()
-        self.master = self.params.values.copy()
         self.iteration = 0
+        self.train_fn = None
 
     @property
     def timeline(self):
@@ -129,39 +135,14 @@ class ContractStepper(object):
         ``timeline`` not set)."""
         return self._step.timeline
 
-    def rebind(self):
-        """Point every shared variable at its view of the flat vector again.
-
-        The model's own train function may have replaced a variable's
-        storage (or updated it in place); this restores our binding cheaply.
-        """
-        ps = self.params
-        if self.on_device:
-            ps.bind()
-            return
-        for i, var in enumerate(ps.vars):
-            var.set_value(ps.layout.view(ps.values, i), borrow=True)
-
-    def restore(self):
-        """Undo anything the model did to its parameters since our last step."""
-        if not self.restores:
-            return
-        if self.on_device:
-            self.params.flat.write(self.master)
-        else:
-            self.params.values[...] = self.master
-        self.rebind()
-
-    def model_step_moved(self):
-        """True when the model's own train function changed its parameters since our last step.
-
-        Theano-MPI models compiled by its ``pre_model_iter_fn(k>1)`` never do:
-        their parameters move only in ``cdd``'s second step, after the
-        exchange has filled ``vels2``.
-        """
-        return any(not np.array_equal(np.asarray(var.get_value()).reshape(-1),
-                                      self.master[self.layout.slice(i)])
-                   for i, var in enumerate(self.params.vars))
+    def take_over(self):
+        """Put our step in place of the model's own train functions (once its
+        ``compile_iter_fns`` has run); returns the
+        :class:`~theanompi_ext.theanompi_compat.train_fn.StepFunction`."""
+        from .train_fn import take_over
+        if self.train_fn is None:
+            self.train_fn = take_over(self.model, self)
+        return self.train_fn
 
     def lr(self):
         """This iteration's rate: our schedule times the model's own decay
@@ -179,14 +160,9 @@ class ContractStepper(object):
         Returns (cost, error, lr); ``cost``/``error`` are this worker's (the
         model's per-n means; error NaN when the model has none).
         """
-        self.restore()
         lr = self.lr()
         # One example-weight per rank: the global sums are sums of per-n means.
         out = self._step.run(subb, None, lr, self.iteration, 1)
-        if self.restores:
-            self.master[...] = self.params.values
-        if not self.on_device:
-            self.rebind()
         self.iteration += 1
         return out.local_loss, (out.local_err if self.has_error else float('nan')), lr
 

@@ -15,9 +15,10 @@ environment variables, see :data:`theanompi_ext.theanompi_compat.options.OPTION_
 
 The loop mirrors Theano-MPI's BSP worker: build ``modelclass(config)``,
 ``compile_iter_fns(sync_type)``, then per epoch the training file batches,
-each in ``model.n_subb`` sub-batches (``train_iter``, then our gradient +
-exchange + update: one iteration per sub-batch), a validation pass over
-every sub-batch,
+each in ``model.n_subb`` sub-batches (the model's ``train_iter``, whose
+call of ``train_iter_fn`` runs our gradient + exchange + update, see
+:mod:`~theanompi_ext.theanompi_compat.train_fn`: one iteration per
+sub-batch), a validation pass over every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
 ends the job (``train.worker.guarded``).
 """
@@ -70,8 +71,12 @@ class Recorder(object):
 
     def end(self, mode):
         if self._t0 is not None:
-            self.times[mode] = self.times.get(mode, 0.0) + time.perf_counter() - self._t0
+            self.add(mode, time.perf_counter() - self._t0)
             self._t0 = None
+
+    def add(self, mode, seconds):
+        """Count ``seconds`` under ``mode`` (a span the model's own calls are inside)."""
+        self.times[mode] = self.times.get(mode, 0.0) + seconds
 
     def train_error(self, count, cost, error, *rest):
         self.train.append((float(cost), float(error)))
@@ -85,36 +90,26 @@ class Recorder(object):
         return lambda *a, **k: None
 
 
-AVG_NOTE = ('theanompi_ext: note: the model\'s own train function did not move its parameters '
-            '(as with Theano-MPI\'s pre_model_iter_fn(k>1), which updates them only in cdd\'s '
-            'second step): under Theano-MPI\'s avg such a model does not train at all; '
-            'theanompi_ext\'s avg takes the local step itself (see '
-            'docs/migrating-from-theano-mpi.md, "avg")')
-
-
 def choose_mode(model, exch_strategy):
-    """(mode, reason): the exchange actually used for a contract model.
+    """(mode, reason, chunks): the exchange actually used for a contract model.
 
     ``exch_strategy`` has passed :func:`theanompi_ext.exchange.modes.check_mode`
-    (so ``ar-overlap`` comes with ``kn``). ``ar-overlap`` needs the model's
-    layer sequence (``model.tmx_layers``, see
-    :func:`theanompi_ext.theanompi_compat.tags.layer_entries`) to cut its
-    backward pass into chunks; without it the serial exchange is used, and
-    the reason says how to enable overlap.
+    (so ``ar-overlap`` comes with ``kn``). ``ar-overlap`` cuts the backward
+    pass into chunks found in the model's graph (or declared in
+    ``model.tmx_layers``, :func:`~.chunks.find_chunks`); where the graph
+    has no cut the serial exchange is used and the reason says why.
+    ``chunks`` are the entries for the chunked backward (None: serial).
     """
     if exch_strategy == SERIAL:
-        return SERIAL, 'serial exchange after the whole backward pass (exch_strategy=ar)'
-    from .tags import layer_entries
-    layers = layer_entries(model)
-    if layers is None:
-        return SERIAL, ('exch_strategy=%s asked for overlap, but the model does not list its '
-                        'layers (optional attribute model.tmx_layers: the top-level layers in '
-                        'forward order, each with .output and .params), so its gradients come '
-                        'from one Theano function (model.grads) and no bucket is ready before '
-                        'backprop ends: using the serial exchange' % exch_strategy)
-    return OVERLAP, ('per-bucket allreduce during a chunked backward pass over the %d '
-                     'layers of model.tmx_layers (exch_strategy=%s)'
-                     % (len(layers), exch_strategy))
+        return SERIAL, 'serial exchange after the whole backward pass (exch_strategy=ar)', None
+    from .chunks import find_chunks
+    found = find_chunks(model)
+    if found.entries is None:
+        return SERIAL, ('exch_strategy=%s asked for overlap, but %s; using the serial exchange '
+                        '(a model can declare its chunks in model.tmx_layers)'
+                        % (exch_strategy, found.why)), None
+    return OVERLAP, ('per-bucket allreduce during a chunked backward pass, %s '
+                     '(exch_strategy=%s)' % (found.why, exch_strategy)), found.entries
 
 
 def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log=print):
@@ -135,12 +130,13 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     log = log if rank == 0 else (lambda *a, **k: None)
     model = _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
     opts = resolve_options(model)
-    mode, why = choose_mode(model, exch_strategy)
+    mode, why, chunks = choose_mode(model, exch_strategy)
     stepper = ContractStepper(model, comm, sync_type, opts, log=log,
-                              overlap=(mode == OVERLAP))
+                              overlap=(mode == OVERLAP), chunks=chunks)
+    stepper.take_over()
     log(_start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why, size))
     history, t_start = [], time.perf_counter()
-    _train_epochs(model, stepper, opts, comm, sync_type, history, log,
+    _train_epochs(model, stepper, opts, comm, history, log,
                   title='%s, %d ranks' % (modelclass, size))
     model.cleanup()
     summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
@@ -174,7 +170,7 @@ def _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
     def build():
         m = cls(config)
         # Theano-MPI models know 'avg' and 'cdd' only; their train functions are
-        # used at most for loading (and then undone), so 'avg' stands in for 'kn'.
+        # replaced by our step (stepper.take_over), so 'avg' stands in for 'kn'.
         m.compile_iter_fns(sync_type='cdd' if sync_type == 'cdd' else 'avg')
         return m
     # Rank 0 fills the compile cache first; the others then only load from it.
@@ -193,11 +189,11 @@ def _start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why,
                stepper.feed.describe(), stepper.iters_per_epoch, opts['base_lr'],
                stepper.schedule.target_lr, opts['warmup'], opts['warmup_epochs'],
                stepper.exchange_path, 'model.load_train_batch(i) per file batch' if hook else
-               'model.train_iter(i) per sub-batch, then our parameters restored '
-               '(no load_train_batch hook)'))
+               'model.train_iter(i) per sub-batch, its train_iter_fn replaced by our step '
+               '(one step per iteration)'))
 
 
-def _train_epochs(model, stepper, opts, comm, sync_type, history, log, title):
+def _train_epochs(model, stepper, opts, comm, history, log, title):
     """Every epoch: the steps, the validation, the epoch's record (appended to
     ``history``), the outputs and the model's hyper-parameter hook."""
     from .outputs import write_record, snapshot_due, save_snapshot
@@ -205,7 +201,7 @@ def _train_epochs(model, stepper, opts, comm, sync_type, history, log, title):
     for epoch in range(int(model.n_epochs)):
         model.epoch = epoch
         t_epoch, times_before = time.perf_counter(), dict(recorder.times)
-        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder, sync_type, log)
+        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder)
         model.reset_iter('train')
         if not losses:
             break
@@ -228,9 +224,12 @@ def _train_epochs(model, stepper, opts, comm, sync_type, history, log, title):
             break
 
 
-def _train_epoch(model, stepper, opts, recorder, sync_type, log):
+def _train_epoch(model, stepper, opts, recorder):
     """One epoch's steps (each sub-batch of each file batch, up to ``max_steps``);
-    returns ``(losses, errors, last lr, whether max_steps was reached)``."""
+    returns ``(losses, errors, last lr, whether max_steps was reached)``.
+
+    With the hook ``load_train_batch`` we load and step; without it the
+    model's ``train_iter`` does both (its ``train_iter_fn`` is our step)."""
     hook = getattr(model, 'load_train_batch', None)
     losses, errs, lr = [], [], None
     for i in range(int(model.data.n_batch_train)):
@@ -240,14 +239,16 @@ def _train_epoch(model, stepper, opts, recorder, sync_type, log):
             if hook:
                 if subb == 0:
                     hook(i)
+                recorder.start()
+                cost, err, lr = stepper.step(subb)
+                recorder.end('calc+comm')
             else:
+                # The model loads and calls train_iter_fn: our step (train_fn.py).
+                before, t0 = stepper.train_fn.calls, time.perf_counter()
                 model.train_iter(i, recorder)
-                if stepper.iteration == 0 and sync_type == 'avg' and \
-                        not stepper.model_step_moved():
-                    log(AVG_NOTE)
-            recorder.start()
-            cost, err, lr = stepper.step(subb)
-            recorder.end('calc+comm')
+                recorder.add('calc+comm', time.perf_counter() - t0)
+                stepper.train_fn.expect_one_call(before, 'model.train_iter(%d)' % i)
+                cost, err, lr = stepper.train_fn.last
             losses.append(cost)
             errs.append(err)
     return losses, errs, lr, False

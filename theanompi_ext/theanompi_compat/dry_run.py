@@ -1,0 +1,41 @@
+"""``tmxlauncher --dry-run``: what a session would run, without launching it.
+
+The model is built here, once, as rank 0 of the session's k ranks on the
+host backend (nothing is compiled but the model's own constructor does),
+and the plan is printed: ranks and devices, the exchange mode and why,
+the backward chunks found in the model's graph (their parameters and
+sizes), the batch per iteration and the iterations per epoch.
+"""
+import numpy as np
+
+
+def plan_lines(session, log=print):
+    """Print the plan of ``session`` (as :func:`~.session.session_from_file` returns it)."""
+    from ..engine.open import open_on_every_rank
+    from ..collective import create_communicator
+    from .worker import import_model_class, choose_mode
+    from .options import resolve_options
+    from .feed import ModelFeed
+    devices, k = session['devices'], len(session['devices'])
+    open_on_every_rank('cpu', create_communicator('local'))
+    cls = import_model_class(session['modelfile'], session['modelclass'])
+    model = cls({'verbose': False, 'rank': 0, 'size': k, 'mname': session['modelclass'],
+                 'device': 'cpu', 'sync_type': session['sync_type'],
+                 'exch_strategy': session['exch_strategy']})
+    opts = resolve_options(model, session['options'])
+    mode, why, chunks = choose_mode(model, session['exch_strategy'])
+    feed = ModelFeed(model, opts['batch_per_worker'], outputs=[getattr(model, 'error', None)])
+    log('dry run: %s on %d ranks (%s), sync_type=%s; nothing launched'
+        % (session['modelclass'], k, ','.join(devices), session['sync_type']))
+    log('exchange mode %s: %s' % (mode, why))
+    if chunks is not None:
+        log('backward chunks, input side first (the backward runs them from the last; each '
+            'one\'s buckets are sent while the chunks before it compute):')
+        for i, (name, _, params) in enumerate(chunks):
+            size = sum(int(np.prod(p.get_value(borrow=True).shape)) for p in params)
+            log('  %2d. %-24s %3d parameter(s), %9d scalars: %s'
+                % (i + 1, name, len(params), size, ', '.join(p.name or '?' for p in params)))
+    iters = int(model.data.n_batch_train) * feed.n_subb
+    log('batch %d x %d = %d per iteration (%s); %d iterations per epoch, %d epochs'
+        % (k, feed.n, k * feed.n, feed.describe(), iters, int(model.n_epochs)))
+    return 0
