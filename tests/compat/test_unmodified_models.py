@@ -235,3 +235,63 @@ def test_models_are_unmodified():
     m.compile_iter_fns('avg')
     m.train_iter(0, Rec())
     assert int(m.own_calls.get_value()) == 2          # descent_vel + get_vel
+
+
+def test_residual_blocks_are_cut_at_their_outputs():
+    # The chunks found in the residual network's graph: every block (both
+    # branches and the sum) inside one chunk, every parameter in exactly one.
+    from lasagne.layers import get_all_layers
+    from theanompi_ext.theanompi_compat.chunks import find_chunks
+    from tmzoo import unmodified
+    m = unmodified.LasagneResNet({'verbose': False, 'rank': 0, 'size': K})
+    found = find_chunks(m)
+    assert found.entries is not None, found.why
+    chunk_of = {}
+    for i, (_, _, params) in enumerate(found.entries):
+        for p in params:
+            assert p not in chunk_of, 'a parameter in two chunks'
+            chunk_of[p] = i
+    assert set(chunk_of) == set(m.params)
+    for before, block in (('stem', 'res1'), ('res1', 'res2')):
+        inside = [l for l in get_all_layers(m.net[block], treat_as_input=[m.net[before]])
+                  if l is not m.net[before]]
+        params = [p for l in inside for p in l.get_params(trainable=True)]
+        assert len(params) >= 6
+        assert len({chunk_of[p] for p in params}) == 1, \
+            '%s is cut inside: %s' % (block, found.why)
+    assert len(found.entries) >= 4, found.why       # stem | res1 | res2 | head at least
+
+
+def test_lasagne_stand_in_keeps_lasagnes_conventions():
+    # Names, tags and the running statistics the models above rely on.
+    import lasagne
+    from lasagne.layers import (InputLayer, DenseLayer, BatchNormLayer, get_all_params,
+                                get_all_layers, get_output)
+    from theanompi_ext.engine.core import theano
+    lasagne.random.set_rng(np.random.RandomState(0))
+    inp = InputLayer((None, 3))
+    named = DenseLayer(inp, 2, name='fc')
+    bn = BatchNormLayer(named, alpha=0.5)
+    top = DenseLayer(bn, 2, nonlinearity=None)
+    assert [p.name for p in named.params] == ['fc.W', 'fc.b']
+    assert [p.name for p in top.params] == ['W', 'b']
+    assert get_all_layers(top) == [inp, named, bn, top] and top.input_layer is bn
+    assert get_all_params(top, trainable=True) == [named.W, named.b, bn.beta, bn.gamma,
+                                                   top.W, top.b]
+    assert get_all_params(top, batch_norm_stat=True) == [bn.mean, bn.inv_std]
+    assert get_all_params(top, regularizable=False) == [named.b, bn.beta, bn.mean,
+                                                       bn.inv_std, top.b]
+    x = theano.tensor.matrix('x')
+    train = theano.function([x], get_output(bn, x))
+    test = theano.function([x], get_output(bn, x, deterministic=True))
+    batch = np.random.RandomState(1).rand(5, 3).astype(np.float32)
+    h = np.maximum(batch @ named.W.get_value() + named.b.get_value(), 0)
+    train(batch)                                  # one call, one update with alpha = 0.5
+    np.testing.assert_allclose(bn.mean.get_value(), 0.5 * h.mean(0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(bn.inv_std.get_value(),
+                               0.5 + 0.5 / np.sqrt(h.var(0) + 1e-4), rtol=1e-5)
+    before = bn.mean.get_value().copy()
+    out = test(batch)                             # running statistics used, not updated
+    np.testing.assert_array_equal(bn.mean.get_value(), before)
+    np.testing.assert_allclose(out, (h - before) * bn.inv_std.get_value(), rtol=1e-5,
+                               atol=1e-6)

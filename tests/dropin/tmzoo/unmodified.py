@@ -378,7 +378,9 @@ class _LasagneModel(_ZooModel):
         self.x = T.ftensor4('x')
         self.y = T.lvector('y')
         self.lr = T.scalar('lr')
-        self.output_layer = self.build_network((None, 1, 8, 8))
+        # The zoo's build functions return the net as a dict of layers.
+        self.net = self.build_network((None, 1, 8, 8))
+        self.output_layer = self.net['prob']
         self.output = get_output(self.output_layer, self.x, deterministic=False)
         self.cost = lasagne.objectives.categorical_crossentropy(self.output, self.y).mean()
         self.error = 1 - categorical_accuracy(self.output, self.y, top_k=1).mean()
@@ -416,7 +418,7 @@ class LasagneVGG(_LasagneModel):
         net['fc6'] = DenseLayer(net['pool2'], num_units=16, name='fc6')
         net['fc8'] = DenseLayer(net['fc6'], num_units=10, nonlinearity=None, name='fc8')
         net['prob'] = NonlinearityLayer(net['fc8'], softmax)
-        return net['prob']
+        return net
 
 
 class LasagneResNet(_LasagneModel):
@@ -426,12 +428,13 @@ class LasagneResNet(_LasagneModel):
     def build_network(self, input_shape):
         from lasagne.layers import InputLayer, GlobalPoolLayer, DenseLayer
         from lasagne.nonlinearities import softmax
-        net = InputLayer(input_shape)
-        net = _conv_bn(net, 4, 3, 1, 1)
-        net = _residual_block(net, 4, 1)
-        net = _residual_block(net, 8, 2)
-        net = GlobalPoolLayer(net)
-        return DenseLayer(net, num_units=10, nonlinearity=softmax)
+        net = {'input': InputLayer(input_shape)}
+        net['stem'] = _conv_bn(net['input'], 4, 3, 1, 1)
+        net['res1'] = _residual_block(net['stem'], 4, 1)
+        net['res2'] = _residual_block(net['res1'], 8, 2)
+        net['pool'] = GlobalPoolLayer(net['res2'])
+        net['prob'] = DenseLayer(net['pool'], num_units=10, nonlinearity=softmax)
+        return net
 
 
 def _conv_bn(incoming, filters, size, stride, pad, relu=True):
