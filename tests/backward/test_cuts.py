@@ -91,32 +91,37 @@ def test_inside_a_skip_connection_is_never_a_cut():
     assert any({'W2', 'b2', 'W3'} <= f for f in flat)
 
 
-def test_weight_decay_over_every_parameter_leaves_one_block():
-    net = Net(cost_extra=lambda n: 1e-3 * sum((p ** 2).sum() for p in n.params))
-    groups = find_cuts(net.cost, net.x, net.params)
-    assert len(groups) == 1 and groups[0].output is None
-    assert [p.name for p in groups[0].params] == [p.name for p in net.params]
+WD = 1e-3
 
 
-def test_weight_decay_on_the_classifier_only_keeps_the_earlier_cuts():
-    net = Net(cost_extra=lambda n: 1e-3 * (n.W4 ** 2).sum())
+def weight_decay(n):
+    return WD * sum((p ** 2).sum() for p in n.params)
+
+
+def test_weight_decay_over_every_parameter_keeps_the_cuts():
+    # The decay term uses every parameter at the loss: each parameter stays in
+    # the chunk of its first use; the output chunk sends the rest of its gradient.
+    net = Net(cost_extra=weight_decay)
     names = [[p.name for p in g.params] for g in find_cuts(net.cost, net.x, net.params)]
     assert names == [['W1', 'b1'], ['W2', 'b2', 'W3', 'b3'], ['W4', 'b4']]
 
 
-def test_tied_weights_merge_the_layers_that_share_them():
+def tied_net():
     x, y = T.matrix('x'), T.ivector('y')
-    W1, b1, W2, b2 = shared('W1', 4, 4), shared('b1', 4), shared('W2', 4, 3), shared('b2', 3)
+    W1, b1, W2, b2 = shared('W1', 5, 4), shared('b1', 4), shared('W2', 5, 3), shared('b2', 3)
     h1 = T.tanh(T.dot(x, W1) + b1)
     h2 = T.tanh(T.dot(h1, W1.T))                  # W1 again, transposed
     cost = T.nnet.categorical_crossentropy(T.nnet.softmax(T.dot(h2, W2) + b2), y).mean()
-    groups = find_cuts(cost, x, [W1, b1, W2, b2])
+    return x, y, [W1, b1, W2, b2], cost
+
+
+def test_tied_weights_stay_with_their_first_use():
+    x, y, params, cost = tied_net()
+    groups = find_cuts(cost, x, params)
     assert [[p.name for p in g.params] for g in groups] == [['W1', 'b1'], ['W2', 'b2']]
     assert not reachable_without(cost, x, groups[0].output)
-    assert uses(W1, groups[0].output) and not uses(W2, groups[0].output)
-    # The cut is after the second use of W1, not between the two.
-    assert any(node.op.__class__.__name__ == 'DimShuffle' and W1 in node.inputs
-               for node in toposort([groups[0].output]))
+    # The boundary is the input of W2's layer, after the second use of W1.
+    assert uses(params[0], groups[0].output) and not uses(params[2], groups[0].output)
 
 
 def test_a_loss_that_ignores_the_batch_is_refused():
@@ -192,46 +197,85 @@ def test_lasagne_layer_graph_names_the_chunks():
     assert [e[0] for e in found.entries] == ['dense11', 'L2..L3', 'out5']
 
 
+class OneBlock(object):
+    """The input also reaches the classifier directly: no variable is on every path."""
+
+    def __init__(self):
+        self.x, self.y = T.matrix('x'), T.ivector('y')
+        W1, W2, W3 = shared('W1', 5, 4), shared('W2', 4, 3), shared('W3', 5, 3)
+        h = T.nnet.relu(T.dot(self.x, W1))
+        p = T.nnet.softmax(T.dot(h, W2) + T.dot(self.x, W3))
+        self.cost = T.nnet.categorical_crossentropy(p, self.y).mean()
+        self.params = [W1, W2, W3]
+
+
 def test_tmx_layers_override_and_no_cut_reason():
     m = NativeModel()
     m.tmx_layers = [(m.net.h3, m.params[:6]), (m.cost, m.params[6:])]
     found = find_chunks(m)
     assert found.source == 'model.tmx_layers' and len(found.entries) == 2
-    one_block = find_chunks(NativeModel(cost_extra=lambda n: 1e-3 * sum(
-        (p ** 2).sum() for p in n.params)))
-    assert one_block.entries is None and 'no cut in the Theano graph' in one_block.why
-    assert 'weight decay' in one_block.why
+    one_block = find_chunks(OneBlock())
+    assert one_block.entries is None and 'no cut in the Theano graph from model.x' in \
+        one_block.why and 'one block' in one_block.why
 
 
-def test_chunked_gradients_on_found_boundaries_equal_the_monolithic_ones():
+class _Graph(object):
+    """What ChunkedBackward reads of a graph, for a plain (x, y) model."""
+
+    def __init__(self, x, y, cost, entries):
+        self.layers = [(n, ps) for n, _, ps in entries]
+        self.layer_outputs = [o for _, o, _ in entries]
+        self.inputs = self.data_roots = [x, y]
+        self.loss_sum = self.err_sum = self.cost = cost
+        self.stat_updates = []
+
+    def feed(self, x, y):
+        return [x, y]
+
+
+def chunked_vs_grad(x, y, cost, params, entries, n_chunks):
     from theanompi_ext.backward.chunked import ChunkedBackward
     from theanompi_ext.params.layout import ParamLayout
-
-    m = NativeModel()
     rng = np.random.RandomState(3)
     xv = rng.randn(6, 5).astype(np.float32)
     yv = rng.randint(0, 3, 6).astype(np.int32)
-    entries = find_chunks(m).entries
-
-    class Graph(object):
-        layers = [(n, ps) for n, _, ps in entries]
-        layer_outputs = [o for _, o, _ in entries]
-        inputs = data_roots = [m.x, m.y]
-        loss_sum = m.cost
-        err_sum = m.error
-        cost = m.cost
-        stat_updates = []
-        has_error = True
-
-        @staticmethod
-        def feed(x, y):
-            return [x, y]
-    order = list(reversed(m.params))
-    bw = ChunkedBackward(None, order, 1.0, graph=Graph())
-    assert bw.n_chunks == 3
+    order = list(reversed(params))
+    reports = []
+    bw = ChunkedBackward(None, order, 1.0, graph=_Graph(x, y, cost, entries))
+    assert bw.n_chunks == n_chunks
     layout = ParamLayout([(str(i), p.get_value().shape, 'float32') for i, p in enumerate(order)])
-    grads = np.zeros(layout.total, np.float32)
-    bw.run(xv, yv, grads, layout)
-    want = theano.function([m.x, m.y], T.grad(m.cost, order))(xv, yv)
+    grads = np.full(layout.total, np.nan, np.float32)
+    bw.run(xv, yv, grads, layout, on_chunk=lambda c, n: reports.append(n))
+    assert reports[-1] == len(order) and reports == sorted(reports)
+    want = theano.function([x, y], T.grad(cost, order))(xv, yv)
     for i, w in enumerate(want):
-        np.testing.assert_allclose(layout.view(grads, i), w, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(layout.view(grads, i), w, rtol=2e-6, atol=1e-7)
+
+
+def test_chunked_gradients_on_found_boundaries_equal_the_monolithic_ones():
+    m = NativeModel()
+    chunked_vs_grad(m.x, m.y, m.cost, m.params, find_chunks(m).entries, 3)
+
+
+def test_chunked_gradients_with_weight_decay_in_the_loss():
+    # Every parameter's decay part comes from the output chunk, added to its own.
+    m = NativeModel(cost_extra=weight_decay)
+    chunked_vs_grad(m.x, m.y, m.cost, m.params, find_chunks(m).entries, 3)
+
+
+def test_chunked_gradients_with_tied_weights():
+    x, y, params, cost = tied_net()
+    entries = [('l%d' % i, g.output if g.output is not None else cost, g.params)
+               for i, g in enumerate(find_cuts(cost, x, params))]
+    chunked_vs_grad(x, y, cost, params, entries, 2)
+
+
+def test_a_parameter_listed_after_its_first_use_is_refused():
+    # tmx_layers that put the tied W1 in the later layer: its gradient would be
+    # sent before the earlier layer adds its part.
+    from theanompi_ext.backward.chunked import ChunkedBackward
+    x, y, (W1, b1, W2, b2), cost = tied_net()
+    out = find_cuts(cost, x, [W1, b1, W2, b2])[0].output
+    entries = [('first', out, [b1]), ('second', cost, [W1, W2, b2])]
+    with pytest.raises(ValueError, match="W1.*first layer .from the input. that uses it"):
+        ChunkedBackward(None, [b2, W2, b1, W1], 1.0, graph=_Graph(x, y, cost, entries))

@@ -15,7 +15,11 @@ How (one model graph, no cloning):
 * chunk ``c`` covers top-level layers ``[first, stop)`` with output ``h_out``
   and input ``h_in``; its gradient graph is
   ``grad(None, wrt=params + [h_in], known_grads={h_out: g_out})`` (the
-  output chunk uses the real cost instead of ``known_grads``). Passing
+  output chunk uses the real cost instead of ``known_grads``). A parameter
+  of a chunk nearer the input that this chunk's ops also use (a tied
+  weight, weight decay inside the loss) is in ``wrt`` too, with the
+  gradient stopped at ``h_in``: that part is added to what its own chunk
+  gives, which runs later (so its bucket still starts when it is final). Passing
   intermediate variables as inputs of ``theano.function`` cuts the graph
   there, so a chunk function takes ``g_out`` and its cut points and never
   reruns the forward's expensive ops. The cut points are found by walking
@@ -113,6 +117,7 @@ class _Chunk(object):
         self.has_h_in = has_h_in
         self.n_ready = n_ready
         self.release = []                    # slots no later chunk reads
+        self.adds = []                       # per gradient output: add to a part already written
 
 
 # Measured (docs/overlap.md): without it the chunked ResNet-20 step is ~7
@@ -175,6 +180,25 @@ class _ForwardIndex(object):
                     and v not in self.drawn}
         return {v for v in inside if v not in self.materialised and v.owner is not None
                 and type(v.owner.op).__name__ in ops and v not in self.drawn}
+
+    def params_used(self, region, params):
+        """Indices of ``params`` that the ops computing ``region`` read, directly
+        or through expressions of parameters only (``W.T``, ``sum(W ** 2)``)."""
+        position = {p: i for i, p in enumerate(params)}
+        found, seen, stack = set(), set(), []
+        for node in self.nodes:
+            if any(v in region for v in node.outputs):
+                stack.extend(v for v in node.inputs if v not in self.data_dep)
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in position:
+                found.add(position[v])
+            elif v.owner is not None:
+                stack.extend(u for u in v.owner.inputs if u not in self.data_dep)
+        return sorted(found)
 
     def cut_points(self, outputs, recompute):
         """Forward variables the gradient graph ``outputs`` must receive.
@@ -316,6 +340,11 @@ class ChunkedBackward(object):
                           no_default_updates=True)
             self.chunks.append(_Chunk(name, fn, b.param_indices, [slot[v] for v in b.cuts],
                                       b.g_out is not None, b.h_in is not None, b.n_ready))
+        # A gradient with parts from several chunks: the first assigns, the rest add.
+        written = set()
+        for ch in self.chunks:
+            ch.adds = [i in written for i in ch.param_indices]
+            written.update(ch.param_indices)
         _set_releases(self.chunks, len(g.inputs))
         self.chunk_names = [ch.name for ch in self.chunks]
         self.chunk_params = dict((ch.label, list(ch.param_indices)) for ch in self.chunks)
@@ -327,29 +356,44 @@ class ChunkedBackward(object):
         g, outs = self.graph, self.graph.layer_outputs
         idx = [i for l in range(first, stop) for i in layer_params[l]]
         h_in = outs[first - 1] if first > 0 else None
-        wrt = [params[i] for i in idx] + ([h_in] if h_in is not None else [])
+        start = h_in if h_in is not None else g.data_roots[0]
+        region = index.between(start) if c == 0 else index.between(start, outs[stop - 1])
+        # Parameters of chunks nearer the input that this chunk's ops also use
+        # (a tied weight, a weight-decay term in the loss): their partial
+        # gradient through this chunk is added to what their own chunk gives.
+        foreign = [i for i in index.params_used(region, params) if i not in idx]
+        late = [i for i in foreign if i in produced]
+        if late:
+            raise ValueError(
+                'parameter(s) %s are used by chunk %s but belong to a chunk nearer the output, '
+                'whose gradients are sent first: put each parameter in the first layer (from '
+                'the input) that uses it' % ([params[i].name for i in late],
+                                             g.layers[first][0]))
+        wrt = [params[i] for i in idx + foreign] + ([h_in] if h_in is not None else [])
+        # A foreign parameter's part from this chunk only: not back through h_in
+        # (its own chunk gets that part through dL/dh_in).
+        stop_at = [h_in] if foreign else None
         if c == 0:
             g_out = None
-            grads = grad(g.cost, wrt)
+            grads = grad(g.cost, wrt, stop_at=stop_at)
         else:
             g_out = outs[stop - 1].type('dL/d' + g.layers[stop - 1][0])
-            grads = grad(None, wrt, known_grads={outs[stop - 1]: g_out})
-        start = h_in if h_in is not None else g.data_roots[0]
+            grads = grad(None, wrt, known_grads={outs[stop - 1]: g_out}, stop_at=stop_at)
         if c == 0:
             # The output chunk (a classifier layer and the loss) is cheap:
             # recomputing it lets Theano see the whole softmax/cross-
             # entropy and fuse its gradient exactly as the monolithic
             # function does (else float32 rounding differs slightly).
-            recompute = index.recomputable(index.between(start), start,
+            recompute = index.recomputable(region, start,
                                            self.recompute_output and h_in is not None)
         else:
-            recompute = index.recomputable(index.between(start, outs[stop - 1]), start,
-                                           ops=self.recompute_ops)
+            recompute = index.recomputable(region, start, ops=self.recompute_ops)
         produced.update(idx)
         n_ready = 0
         while n_ready in produced:
             n_ready += 1
-        return _ChunkGraph(idx, h_in, g_out, grads, index.cut_points(grads, recompute), n_ready)
+        return _ChunkGraph(idx + foreign, h_in, g_out, grads,
+                           index.cut_points(grads, recompute), n_ready)
 
     def _compile_forward(self, built, device_io):
         """Compile the forward, which returns every cut point once (the inputs come
@@ -388,9 +432,12 @@ class ChunkedBackward(object):
             t0 = clock()
             args = [values[s] for s in ch.slots]
             res = ch.fn(*([g_out] + args if ch.has_g_out else args))
-            for i, gval in zip(ch.param_indices, res):
+            for i, add, gval in zip(ch.param_indices, ch.adds, res):
                 # Conv gradients may be non-contiguous; assignment copies them.
-                layout.view(grads_flat, i)[...] = gval
+                if add:
+                    layout.view(grads_flat, i)[...] += gval
+                else:
+                    layout.view(grads_flat, i)[...] = gval
             g_out = res[-1] if ch.has_h_in else None
             for s in ch.release:
                 values[s] = None

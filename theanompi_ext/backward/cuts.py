@@ -9,10 +9,12 @@ So a chunk boundary is a variable of the graph from the batch (``source``)
 to the loss (``cost``) that
 
 * every path from ``source`` to ``cost`` passes through, and
-* has the whole use of some parameters before it and the whole use of the
-  others after it: a parameter whose uses straddle a candidate (shared
-  weights, or a weight-decay term added to the loss) merges the chunks
-  on both sides.
+* lies between two groups of parameters: each parameter belongs to the
+  chunk of its first use from the input (with the other parameters of its
+  layer, ``units``). A parameter also used further on (a tied weight, a
+  weight-decay term added to the loss) does not merge the chunks between:
+  the chunked backward adds the partial gradient from those later chunks
+  to its own chunk's (``ChunkedBackward``, "foreign" parameters).
 
 Between two groups of parameters there are usually several candidates
 (``conv -> +b -> relu -> pool``): the boundary is the last one before the
@@ -160,10 +162,11 @@ def find_cuts(cost, source, params, units=None, preferred=()):
     spans = {}
     for p in params:
         at = [node_interval[n] for n in uses[p] if n in node_interval]
-        # Used by nothing that reaches the loss: its gradient is zero or
-        # comes from the loss alone; the output side holds it.
-        spans[p] = (min(at), max(at)) if at else (last, last)
-    # A unit used on both sides of a cut removes the cut.
+        # Its first use from the input (later uses are added by the chunked
+        # backward); used by nothing that reaches the loss: the output side.
+        home = min(at) if at else last
+        spans[p] = (home, home)
+    # A unit (a layer's parameters) first used on both sides of a cut removes it.
     units = default_units(params, spans) if units is None else \
         [list(u) for u in units] + [[p] for p in params if not any(p in u for u in units)]
     removed = set()

@@ -200,10 +200,12 @@ def pool2d(x, size, stride, pad, mode):
         x, ws=size, stride=stride, pad=pad, ignore_border=True, mode=mode)
 
 
-def grad(cost, wrt, known_grads=None):
+def grad(cost, wrt, known_grads=None, stop_at=None):
     """Symbolic gradients of ``cost`` (or of ``known_grads`` pushed back when
-    ``cost`` is None) with respect to the variables ``wrt``."""
-    return theano.grad(cost, wrt, known_grads=known_grads)
+    ``cost`` is None) with respect to the variables ``wrt``; ``stop_at``:
+    variables the gradient is not pushed back through (their own gradient
+    is still computed)."""
+    return theano.grad(cost, wrt, known_grads=known_grads, consider_constant=stop_at)
 
 
 def graph_inputs(outputs):

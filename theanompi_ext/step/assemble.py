@@ -64,7 +64,7 @@ def check_models_match(comm, layout):
 
 def compile_in_turn(comm, build):
     """Rank 0 compiles first; the others then find the shared cache warm
-    instead of queueing on its lock one by one. On a device every rank builds
+    instead of queueing on its lock one by one; all return together. On a device every rank builds
     at once: there the time goes into building device kernels per process."""
     from ..engine.core import on_device      # imports Theano: only once a model is built
     if on_device():
@@ -74,6 +74,9 @@ def compile_in_turn(comm, build):
     comm.barrier()
     if comm.rank != 0:
         out = build()
+    # Every rank built before the first step: a slow load from the cache (a
+    # busy machine) must not count against the first step's collective timeout.
+    comm.barrier()
     return out
 
 

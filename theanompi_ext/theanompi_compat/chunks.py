@@ -12,9 +12,8 @@ Order of precedence:
    else the graph alone (a vector parameter goes with the filter bank or
    matrix before it).
 
-A graph with no cut between parameter groups (one block, e.g. a loss with
-a weight-decay term over every parameter) has no chunks: the caller says
-so and runs the serial exchange.
+A graph with no cut between parameter groups (one block) has no chunks:
+the caller says so and runs the serial exchange.
 """
 import collections
 
@@ -119,10 +118,10 @@ def find_chunks(model):
     where = 'the Theano graph from %s to model.cost (names from %s)' % (
         'model.x' if source is getattr(model, 'x', None) else 'model.shared_x', source_name)
     if len(groups) < 2:
-        return Chunking(None, where, 'no cut in %s: every path from the batch to the loss '
-                        'does not pass through one variable between two groups of parameters '
-                        '(one block, or a loss term such as weight decay that uses every '
-                        'parameter)' % where)
+        return Chunking(None, where, 'no cut in %s: no variable between two groups of '
+                        'parameters lies on every path from the batch to the loss (the graph '
+                        'is one block, e.g. a connection from the input around every layer)'
+                        % where)
     index = {p: i for i, p in enumerate(params)}
     entries = [(_group_name(g.params, owners, index),
                 g.output if g.output is not None else model.cost, list(g.params))
