@@ -100,8 +100,11 @@ def alive(pid):
         return False
 
 
-def job(cmd, timeout=JOB_TIMEOUT, env=None):
+def job(cmd, timeout=JOB_TIMEOUT, env=None, unset=()):
     """Run ``cmd``; on a timeout SIGKILL it and everything it started, then fail.
+
+    ``env`` is added to this process's environment, the names in ``unset``
+    are taken out of it.
 
     hydra puts its proxy and the ranks in sessions of their own, so killing
     the process group is not enough; the tree is walked instead. Returns
@@ -109,6 +112,8 @@ def job(cmd, timeout=JOB_TIMEOUT, env=None):
     """
     full_env = dict(os.environ)
     full_env.update(env or {})
+    for name in unset:
+        full_env.pop(name, None)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, start_new_session=True)
     try:
