@@ -143,3 +143,23 @@ class ModelFeed(object):
         """``outputs`` rewritten to read the shared batch (givens applied)."""
         from ..engine.core import theano
         return theano.clone(list(outputs), replace=self.givens) if self.givens else list(outputs)
+
+    def clone_with_state(self, outputs):
+        """``(outputs, updates)``: :meth:`clone` of ``outputs``, and the default
+        updates of the shared variables they read (Lasagne's BN running
+        statistics, random generators) rewritten the same way, as explicit
+        ``(variable, expression)`` pairs for the one function that moves them.
+
+        Theano applies a default update as written, on the symbolic
+        ``model.x``; a function compiled from the rewritten graph without
+        ``givens`` would miss that input.
+        """
+        from ..engine.core import toposort
+        outputs = list(outputs)
+        state = []
+        for node in toposort([o for o in outputs if o is not None]):
+            for v in node.inputs:
+                if getattr(v, 'default_update', None) is not None and v not in state:
+                    state.append(v)
+        cloned = self.clone(outputs + [v.default_update for v in state])
+        return cloned[:len(outputs)], list(zip(state, cloned[len(outputs):]))

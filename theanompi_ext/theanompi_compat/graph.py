@@ -39,8 +39,8 @@ class GradientFunction(object):
         arrays (the stepper copies them into the flat device gradient)."""
         from ..engine.core import function
         scaled = [g * np.float32(scale) for g in grads]
-        fed = self.feed.clone(outs + scaled)
-        return function(list(self.feed.inputs), fed, name='tmx_contract_grads',
+        fed, updates = self.feed.clone_with_state(outs + scaled)
+        return function(list(self.feed.inputs), fed, updates=updates, name='tmx_contract_grads',
                         device_outputs=fed[self.n_out:])
 
     def __call__(self, subb=0):
@@ -124,8 +124,9 @@ class ContractGraph(object):
         self.model_feed = feed if feed is not None else ModelFeed(model)
         # The model's graph as its own train function runs it: read from the
         # shared file batch through the model's givens (slice, dimshuffle, ...).
-        outs = self.model_feed.clone([model.cost] + ([err] if err is not None else []) +
-                                     [output for _, output, _ in entries])
+        outs, self.stat_updates = self.model_feed.clone_with_state(
+            [model.cost] + ([err] if err is not None else []) +
+            [output for _, output, _ in entries])
         cost = outs[0]
         self.layer_outputs = outs[1 + self.has_error:]
         self.inputs = list(self.model_feed.inputs)
@@ -135,7 +136,6 @@ class ContractGraph(object):
         self.err_sum = outs[1] if self.has_error else T.constant(np.float32(0))
         self.scale = shared(np.float32(loss_scale), name='loss_scale')
         self.cost = cost * self.scale
-        self.stat_updates = []
 
     def feed(self, x=None, y=None):
         """Values of :attr:`inputs`: ``x`` is the sub-batch index (the batch
