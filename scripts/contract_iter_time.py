@@ -16,8 +16,11 @@ model's own ``train_iter`` calling our step), the models alternating
 block by block and the order rotating each repetition, after one untimed
 warm-up epoch each. A block's seconds per iteration is its wall time
 (after a barrier, the slower rank's) over its iterations. Rank 0 prints,
-per model, the median over blocks with the min and max, and the ratio of
-each model's median to the last model's; ``--json`` writes them.
+per model, the median over blocks with the min and max, and its ratio to
+the last model: the median over repetitions of the ratio of the two blocks
+of one repetition (run one after the other, so a load that comes and goes
+on a shared machine weighs on both alike), with the min and max of those
+ratios; ``--json`` writes them.
 """
 import argparse
 import json
@@ -35,6 +38,10 @@ def parse(argv):
     p.add_argument('--exch', default='ar', choices=('ar', 'ar-overlap'),
                    help='exch_strategy (sync_type kn)')
     p.add_argument('--reps', type=int, default=8, help='timed epochs per model')
+    p.add_argument('--train-files', type=int, default=0, metavar='N',
+                   help="set the model module's n_train_files (file batches per rank per "
+                        "epoch, a module-level hyper-parameter as in Theano-MPI's model files) "
+                        "before building: shorter epochs, finer alternation (0: the module's)")
     p.add_argument('--json', default='', help='rank 0 writes the results here')
     return p.parse_args(argv)
 
@@ -86,25 +93,32 @@ def main(argv=None):
     devices = ['cpu%d' % r for r in range(comm.size)]
     open_on_every_rank(devices[comm.rank], comm)
     specs = [s for s in args.models.split(',') if s]
+    if args.train_files > 0:
+        import importlib
+        for s in specs:
+            importlib.import_module(s.partition(':')[0]).n_train_files = args.train_files
     built = {s: build(comm, s, args.exch, devices) for s in specs}
     mine = time_blocks(comm, built, args.reps)
     # The slower rank's time of each block.
     every = comm.allgather(json.dumps(mine))
     if comm.rank == 0:
         blocks = {s: np.max([json.loads(e)[s] for e in every], axis=0) for s in specs}
-        ref = float(np.median(blocks[specs[-1]]))
         rows = []
         for s in specs:
             med = float(np.median(blocks[s]))
+            ratios = blocks[s] / blocks[specs[-1]]        # repetition by repetition
             rows.append(dict(model=s, ranks=comm.size, exch=args.exch, mode=built[s][3],
                              iters_per_block=built[s][1].iters_per_epoch, blocks=len(blocks[s]),
                              median_s=med, min_s=float(np.min(blocks[s])),
-                             max_s=float(np.max(blocks[s])), ratio_to_last=med / ref,
+                             max_s=float(np.max(blocks[s])),
+                             ratio_to_last=float(np.median(ratios)),
+                             ratio_min=float(np.min(ratios)), ratio_max=float(np.max(ratios)),
                              block_s=[float(v) for v in blocks[s]]))
             print('%-36s %d rank(s) %-10s (mode %s): %.4f s/iteration median of %d blocks '
-                  '(min %.4f, max %.4f), x%.3f of the last' % (
+                  '(min %.4f, max %.4f); x%.3f of the last (paired, min %.3f, max %.3f)' % (
                       s, comm.size, args.exch, built[s][3], med, len(blocks[s]),
-                      rows[-1]['min_s'], rows[-1]['max_s'], med / ref))
+                      rows[-1]['min_s'], rows[-1]['max_s'], rows[-1]['ratio_to_last'],
+                      rows[-1]['ratio_min'], rows[-1]['ratio_max']))
         if args.json:
             with open(args.json, 'w') as f:
                 json.dump(rows, f, indent=1)

@@ -47,9 +47,10 @@ from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
 from .common import add_common_options, run_job
 from .overlap_contract import measure_contract, parse_contract
+# compute_step, hidden_fraction and MODES are read from here by the other benchmarks
+from .overlap_pair import MODES, compute_step, hidden_fraction, measure_pair  # noqa: F401
 from ..files.atomic import write_json
 
-MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
 JSON_KEYS = ('model', 'network', 'compute_s', 'serial_s', 'overlap_s', 'allreduce_s',
              'exposed_comm_s', 'hidden_fraction', 'extra_bytes')
@@ -97,7 +98,8 @@ def register(sub):
                         '(default %(default)s)')
     p.add_argument('--max-chunks', type=int, default=None, metavar='N',
                    help='merge the backward into at most this many chunks (default: one '
-                        'per layer with parameters)')
+                        'per layer with parameters; zoo models only: a --contract model has '
+                        'the chunks found in its graph)')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs), 2 steps x 2 repetitions')
     p.add_argument('--timeline', default='', metavar='PREFIX', type=output_path,
@@ -217,14 +219,6 @@ def format_table(rows):
     return '\n'.join(lines)
 
 
-def hidden_fraction(compute, serial, overlap):
-    """(serial - overlap) / (serial - compute); None when the exchange costs nothing measurable."""
-    cost = serial - compute
-    if cost <= 0.01 * compute:
-        return None
-    return (serial - overlap) / cost
-
-
 # -- inside each rank -------------------------------------------------------------
 
 def synthetic_dataset(shape, n_examples, n_classes=10, seed=0):
@@ -236,21 +230,6 @@ def synthetic_dataset(shape, n_examples, n_classes=10, seed=0):
     return ArrayDataset('synthetic', x, y, x[:n_examples // 4], y[:n_examples // 4], n_classes)
 
 
-def compute_step(trainer, x, y, lr):
-    """Forward + backward + update of ``trainer``, without any exchange.
-
-    ``trainer`` is a :class:`~theanompi_ext.train.trainer.Trainer` (``x``,
-    ``y``: the batch) or a :class:`~theanompi_ext.theanompi_compat.stepper.ContractStepper`
-    (``x``: the sub-batch index of the loaded batch, ``y`` None): both have
-    ``backward``, ``grads``, ``layout``, ``rule``, ``params``.
-    """
-    trainer.backward.run(x, y, trainer.grads, trainer.layout)
-    # the rule's update alone (a device rule reads no host values)
-    values = None if trainer.device_grads is not None else trainer.params.values
-    trainer.rule.update(values, trainer.grads, lr)
-    trainer.params.push()
-
-
 def measure_model(comm, name, spec):
     """Time the modes for zoo model ``name`` (every rank); returns the row on rank 0, else None."""
     shape, n = tuple(spec['input_shape']), spec['batch']
@@ -260,42 +239,6 @@ def measure_model(comm, name, spec):
     return measure_pair(comm, name, spec, serial, overlap, (x, y), (x, y), dict(
         source='zoo', batch=n, bucket_cap_mb=serial.cfg.bucket_cap_mb,
         first_bucket_cap_mb=serial.cfg.first_bucket_cap_mb))
-
-
-def measure_pair(comm, name, spec, serial, overlap, batch, step_args, fields):
-    """Time the modes of a serial/overlapped pair (every rank); the row on rank 0, else None.
-
-    ``serial``/``overlap``: two trainers, or two contract steppers, of the same
-    model; ``batch``: the ``(x, y)`` their backward runs on; ``step_args``: what
-    their ``step`` takes; ``fields``: more entries of the row.
-    """
-    from .timing import time_modes
-    run = _mode_steps(serial, overlap, batch, step_args)
-
-    def fresh_timelines():
-        serial.timeline, overlap.timeline = serial.make_timeline(), overlap.make_timeline()
-    cpu = {}
-    # warm-up: first calls allocate and fault pages
-    times = time_modes(run, MODES, spec['steps'], spec['reps'], comm.barrier,
-                       after_warmup=fresh_timelines, cpu=cpu)
-    mine = dict((m + '_s', float(np.median(times[m]))) for m in MODES)
-    mine['exposed_comm_rank_s'] = float(np.median(overlap.timeline.exposed_comm()))
-    mine.update(('cpu_per_wall_' + m, cpu[m][0] / max(cpu[m][1], 1e-9)) for m in MODES)
-    everyone = comm.allgather(json.dumps(mine))
-    traces = {label: tr.timeline.gather(comm) for label, tr in (('serial', serial),
-                                                                 ('overlap', overlap))}
-    saved = _saved_bytes(overlap.backward, batch)
-    if comm.rank != 0:
-        return None
-    if spec.get('timeline'):
-        from ..exchange.timeline import write_trace
-        for label, trace in traces.items():
-            write_trace(trace, '%s-%s-%s' % (spec['timeline'], re.sub(r'[^\w.-]', '_', name),
-                                             label))
-    row = _overlap_row([json.loads(e) for e in everyone], traces, serial, overlap, saved,
-                       name, spec, comm.size)
-    row.update(fields)
-    return row
 
 
 def _trainer_pair(comm, name, spec, data):
@@ -316,58 +259,6 @@ def _trainer_pair(comm, name, spec, data):
                                      comm, log=lambda *a, **kw: None,
                                      max_chunks=spec.get('max_chunks') or None)
     return trainers['ar'], trainers['ar-overlap']
-
-
-def _mode_steps(serial, overlap, batch, step_args):
-    """``{mode: one step of it}`` for :data:`MODES`."""
-    lr = np.float32(0.001)
-    if serial.device_grads is not None:
-        from ..engine.core import device_zeros
-        zeros = device_zeros(serial.layout.total)
-    else:
-        zeros = np.zeros_like(serial.grads)
-    return {
-        'compute': lambda: compute_step(serial, batch[0], batch[1], lr),
-        'compute_chunked': lambda: compute_step(overlap, batch[0], batch[1], lr),
-        'serial': lambda: serial.step(*step_args),
-        'overlap': lambda: overlap.step(*step_args),
-        'allreduce': lambda: serial.exchanger.reduce(zeros),
-    }
-
-
-def _extra_bytes(overlap):
-    """Memory the overlapped exchange adds: the host staging buffer on a device,
-    else the bucket buffers that are not views of the gradients."""
-    if overlap.device_grads is not None:
-        return overlap.exchanger.host.nbytes
-    grads = overlap.grads
-    return sum(h.buf.nbytes for h in overlap.exchanger.last_handles
-               if not np.shares_memory(h.buf, grads))
-
-
-def _overlap_row(ranks, traces, serial, overlap, saved, name, spec, k):
-    """The table row of model ``name``: the slower rank's figures and the job's."""
-    row = {key: max(r[key] for r in ranks) for key in ranks[0]}   # the slower rank
-    # Exposed communication of the job: after the last rank's backward pass
-    # (a rank's own figure also counts waiting for a slower rank's compute).
-    job = {label: t['otherData']['job_exposed_comm_median_us'] / 1e6
-           for label, t in traces.items()}
-    row.update(exposed_comm_s=job['overlap'], serial_exposed_comm_s=job['serial'])
-    row.update(model=name, network=spec['network'], extra_bytes=int(_extra_bytes(overlap)),
-               hidden_fraction=hidden_fraction(row['compute_s'], row['serial_s'],
-                                               row['overlap_s']),
-               chunk_overhead=row['compute_chunked_s'] / row['compute_s'] - 1.0,
-               grad_bytes=4 * int(serial.n_exch), n_buckets=len(serial.buckets),
-               n_chunks=overlap.backward.n_chunks, chunk_saved_bytes=saved,
-               workers=k, batch=spec['batch'], steps=spec['steps'], reps=spec['reps'],
-               comm_thread=spec['comm_thread'])
-    return row
-
-
-def _saved_bytes(backward, batch):
-    """Bytes of forward intermediates the chunked backward carries to its chunks."""
-    out = backward.forward_fn(*backward.graph.feed(*batch))
-    return int(sum(np.asarray(v).nbytes for v in out[2:]))
 
 
 def _measure_all(spec):

@@ -29,13 +29,13 @@ def parse_contract(text):
     return module, cls
 
 
-def _build(comm, module, cls_name, exch_strategy):
+def _build(comm, module, cls_name, exch_strategy, device):
     """One instance of the model, built on every rank (rank 0 first)."""
     from ..step.assemble import compile_in_turn
     from ..theanompi_compat.worker import import_model_class
     cls = import_model_class(module, cls_name)
     config = {'verbose': False, 'rank': comm.rank, 'size': comm.size, 'mname': cls_name,
-              'device': 'cpu', 'sync_type': 'kn', 'exch_strategy': exch_strategy}
+              'device': device, 'sync_type': 'kn', 'exch_strategy': exch_strategy}
     return compile_in_turn(comm, lambda: cls(config))
 
 
@@ -68,9 +68,11 @@ def stepper_pair(comm, ref, spec):
     from ..theanompi_compat.chunks import find_chunks
     from ..theanompi_compat.stepper import ContractStepper
     module, cls = parse_contract(ref)
+    devices = spec.get('device', 'cpu').split(',')
+    device = devices[comm.rank] if len(devices) > 1 else devices[0]
     steppers, found = {}, None
     for strategy in (SERIAL, OVERLAP):
-        model = _build(comm, module, cls, strategy)
+        model = _build(comm, module, cls, strategy, device)
         chunks = None
         if strategy == OVERLAP:
             found = find_chunks(model)
@@ -92,7 +94,7 @@ def stepper_pair(comm, ref, spec):
 
 def measure_contract(comm, ref, spec):
     """Time the modes for contract model ``ref`` (every rank); the row on rank 0, else None."""
-    from .overlap import measure_pair
+    from .overlap_pair import measure_pair
     serial, overlap, found = stepper_pair(comm, ref, spec)
     return measure_pair(comm, ref, spec, serial, overlap, (0, None), (0,), dict(
         source='contract', batch=serial.n, chunks_found=found.why,
