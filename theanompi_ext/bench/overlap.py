@@ -13,6 +13,11 @@ alternating the modes over several repetitions:
 ``allreduce``        the serial exchanger's bucket allreduces alone (the
                      same bytes, no compute)
 
+``--contract MODULE:CLASS`` measures a Theano-MPI model class the same way,
+unmodified, through two :class:`~theanompi_ext.theanompi_compat.stepper.ContractStepper`
+(serial, and overlapped with the chunks found in its graph) on its own
+batch: :mod:`theanompi_ext.bench.overlap_contract`.
+
 Reported (medians over steps; the slower rank): the five times, the
 *exposed communication* of the overlapped step (from the ranks'
 timelines: how long the last transfer outlasts the last rank's backward
@@ -41,9 +46,11 @@ from ..cli.argtypes import output_path
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
 from .common import add_common_options, run_job
+from .overlap_contract import measure_contract, parse_contract
+# compute_step, hidden_fraction and MODES are read from here by the other benchmarks
+from .overlap_pair import MODES, compute_step, hidden_fraction, measure_pair  # noqa: F401
 from ..files.atomic import write_json
 
-MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 DEFAULT_MODELS = ('resnet20', 'resnet20_wide')
 JSON_KEYS = ('model', 'network', 'compute_s', 'serial_s', 'overlap_s', 'allreduce_s',
              'exposed_comm_s', 'hidden_fraction', 'extra_bytes')
@@ -56,10 +63,15 @@ def register(sub):
     p = sub.add_parser('overlap', help='serial vs overlapped exchange at 2 ranks (starts mpiexec)',
                        description=__doc__.split('\n\n')[0])
     from ..train.options import ModelNames
-    models = p.add_argument('--models', default=','.join(DEFAULT_MODELS), metavar='LIST',
-                            help='comma-separated names from the model zoo: %(zoo)s '
-                                 '(default %(default)s)')
+    models = p.add_argument('--models', default=None, metavar='LIST',
+                            help='comma-separated names from the model zoo: %%(zoo)s '
+                                 '(default %s; none when --contract is given)'
+                                 % ','.join(DEFAULT_MODELS))
     models.zoo = ModelNames()     # argparse fills %(zoo)s from the action: read when shown
+    p.add_argument('--contract', action='append', default=[], metavar='MODULE:CLASS',
+                   help='also measure this Theano-MPI model class, unmodified (MODULE importable '
+                        'by name, or a .py path), through two ContractSteppers with the '
+                        'chunks found in its graph; its own batch size; repeat for several')
     p.add_argument('--workers', type=int, default=2, metavar='K',
                    help='k, the MPI ranks to start (default 2)')
     p.add_argument('--steps', type=int, default=4, metavar='N',
@@ -86,7 +98,8 @@ def register(sub):
                         '(default %(default)s)')
     p.add_argument('--max-chunks', type=int, default=None, metavar='N',
                    help='merge the backward into at most this many chunks (default: one '
-                        'per layer with parameters)')
+                        'per layer with parameters; zoo models only: a --contract model has '
+                        'the chunks found in its graph)')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs), 2 steps x 2 repetitions')
     p.add_argument('--timeline', default='', metavar='PREFIX', type=output_path,
@@ -129,9 +142,16 @@ def make_spec(args):
     device = ','.join(parse_device_list(args.device))
     nice, idle, poll_us = parse_comm_thread(args.comm_thread)
     quick = bool(args.quick)
-    models = ['digits_cnn'] if quick and args.models == ','.join(DEFAULT_MODELS) \
-        else [m for m in args.models.split(',') if m]
-    return dict(models=models, input_shape=[1, 8, 8] if quick else [3, 32, 32],
+    contracts = list(args.contract)
+    for ref in contracts:
+        parse_contract(ref)
+    if args.models is not None:
+        models = [m for m in args.models.split(',') if m]
+    else:
+        models = [] if contracts else ['digits_cnn'] if quick else list(DEFAULT_MODELS)
+    if not models and not contracts:
+        raise ValueError('nothing to measure: give --models or --contract')
+    return dict(models=models, contracts=contracts, input_shape=[1, 8, 8] if quick else [3, 32, 32],
                 batch=args.batch, steps=2 if quick else args.steps,
                 reps=2 if quick else args.reps, bucket_cap_mb=args.bucket_cap_mb,
                 first_bucket_cap_mb=args.first_bucket_cap_mb, thread_nice=nice,
@@ -180,29 +200,23 @@ def format_table(rows):
     """One line per model: times in ms, fractions, bytes."""
     head = ('model', 'network', 'compute', 'chunked', 'serial', 'overlap', 'allreduce',
             'exposed', 'hidden', 'extra B')
-    lines = ['%-14s %-13s %9s %9s %9s %9s %9s %9s %7s %8s' % head,
-             '%-14s %-13s %9s %9s %9s %9s %9s %9s %7s %8s' % (
-                 '', '', 'ms', 'ms', 'ms', 'ms', 'ms', 'ms', '', '')]
+    w = max([14] + [len(r['model']) for r in rows])
+    lines = ['%-*s %-13s %9s %9s %9s %9s %9s %9s %7s %8s' % ((w,) + head),
+             '%-*s %-13s %9s %9s %9s %9s %9s %9s %7s %8s' % (
+                 w, '', '', 'ms', 'ms', 'ms', 'ms', 'ms', 'ms', '', '')]
     for r in rows:
         hf = r['hidden_fraction']
-        lines.append('%-14s %-13s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7s %8d' % (
-            r['model'], r['network'], 1e3 * r['compute_s'], 1e3 * r['compute_chunked_s'],
+        lines.append('%-*s %-13s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7s %8d' % (
+            w, r['model'], r['network'], 1e3 * r['compute_s'], 1e3 * r['compute_chunked_s'],
             1e3 * r['serial_s'], 1e3 * r['overlap_s'], 1e3 * r['allreduce_s'],
             1e3 * r['exposed_comm_s'], 'n/a' if hf is None else '%.2f' % hf, r['extra_bytes']))
     if rows:
         r = rows[0]
-        lines.append('(%d ranks, batch %d/rank, medians of %d x %d steps per mode; comm thread %s; '
+        lines.append('(%d ranks, batch %s/rank, medians of %d x %d steps per mode; comm thread %s; '
                      'chunked = compute with the chunked backward)' % (
-                         r['workers'], r['batch'], r['reps'], r['steps'], r['comm_thread']))
+                         r['workers'], '/'.join(sorted(set(str(x['batch']) for x in rows))),
+                         r['reps'], r['steps'], r['comm_thread']))
     return '\n'.join(lines)
-
-
-def hidden_fraction(compute, serial, overlap):
-    """(serial - overlap) / (serial - compute); None when the exchange costs nothing measurable."""
-    cost = serial - compute
-    if cost <= 0.01 * compute:
-        return None
-    return (serial - overlap) / cost
 
 
 # -- inside each rank -------------------------------------------------------------
@@ -216,45 +230,15 @@ def synthetic_dataset(shape, n_examples, n_classes=10, seed=0):
     return ArrayDataset('synthetic', x, y, x[:n_examples // 4], y[:n_examples // 4], n_classes)
 
 
-def compute_step(trainer, x, y, lr):
-    """Forward + backward + update of ``trainer``, without any exchange."""
-    trainer.backward.run(x, y, trainer.grads, trainer.layout)
-    # the rule's update alone (a device rule reads no host values)
-    values = None if trainer.device_grads is not None else trainer.params.values
-    trainer.rule.update(values, trainer.grads, lr)
-    trainer.params.push()
-
-
 def measure_model(comm, name, spec):
-    """Time the modes for model ``name`` (every rank); returns the row on rank 0, else None."""
-    from .timing import time_modes
+    """Time the modes for zoo model ``name`` (every rank); returns the row on rank 0, else None."""
     shape, n = tuple(spec['input_shape']), spec['batch']
     data = synthetic_dataset(shape, 4 * n * comm.size)
     serial, overlap = _trainer_pair(comm, name, spec, data)
     x, y = data.train_batch(np.arange(comm.rank * n, (comm.rank + 1) * n))
-    run = _mode_steps(serial, overlap, x, y)
-
-    def fresh_timelines():
-        serial.timeline, overlap.timeline = serial.make_timeline(), overlap.make_timeline()
-    cpu = {}
-    # warm-up: first calls allocate and fault pages
-    times = time_modes(run, MODES, spec['steps'], spec['reps'], comm.barrier,
-                       after_warmup=fresh_timelines, cpu=cpu)
-    mine = dict((m + '_s', float(np.median(times[m]))) for m in MODES)
-    mine['exposed_comm_rank_s'] = float(np.median(overlap.timeline.exposed_comm()))
-    mine.update(('cpu_per_wall_' + m, cpu[m][0] / max(cpu[m][1], 1e-9)) for m in MODES)
-    everyone = comm.allgather(json.dumps(mine))
-    traces = {label: tr.timeline.gather(comm) for label, tr in (('serial', serial),
-                                                                 ('overlap', overlap))}
-    saved = _saved_bytes(overlap.backward, x, y)
-    if comm.rank != 0:
-        return None
-    if spec.get('timeline'):
-        from ..exchange.timeline import write_trace
-        for label, trace in traces.items():
-            write_trace(trace, '%s-%s-%s' % (spec['timeline'], name, label))
-    return _overlap_row([json.loads(e) for e in everyone], traces, serial, overlap, saved,
-                        name, spec, comm.size)
+    return measure_pair(comm, name, spec, serial, overlap, (x, y), (x, y), dict(
+        source='zoo', batch=n, bucket_cap_mb=serial.cfg.bucket_cap_mb,
+        first_bucket_cap_mb=serial.cfg.first_bucket_cap_mb))
 
 
 def _trainer_pair(comm, name, spec, data):
@@ -277,59 +261,6 @@ def _trainer_pair(comm, name, spec, data):
     return trainers['ar'], trainers['ar-overlap']
 
 
-def _mode_steps(serial, overlap, x, y):
-    """``{mode: one step of it}`` for :data:`MODES`."""
-    lr = np.float32(0.001)
-    if serial.device_grads is not None:
-        from ..engine.core import device_zeros
-        zeros = device_zeros(serial.layout.total)
-    else:
-        zeros = np.zeros_like(serial.grads)
-    return {
-        'compute': lambda: compute_step(serial, x, y, lr),
-        'compute_chunked': lambda: compute_step(overlap, x, y, lr),
-        'serial': lambda: serial.step(x, y),
-        'overlap': lambda: overlap.step(x, y),
-        'allreduce': lambda: serial.exchanger.reduce(zeros),
-    }
-
-
-def _extra_bytes(overlap):
-    """Memory the overlapped exchange adds: the host staging buffer on a device,
-    else the bucket buffers that are not views of the gradients."""
-    if overlap.device_grads is not None:
-        return overlap.exchanger.host.nbytes
-    grads = overlap.grads
-    return sum(h.buf.nbytes for h in overlap.exchanger.last_handles
-               if not np.shares_memory(h.buf, grads))
-
-
-def _overlap_row(ranks, traces, serial, overlap, saved, name, spec, k):
-    """The table row of model ``name``: the slower rank's figures and the job's."""
-    row = {key: max(r[key] for r in ranks) for key in ranks[0]}   # the slower rank
-    # Exposed communication of the job: after the last rank's backward pass
-    # (a rank's own figure also counts waiting for a slower rank's compute).
-    job = {label: t['otherData']['job_exposed_comm_median_us'] / 1e6
-           for label, t in traces.items()}
-    row.update(exposed_comm_s=job['overlap'], serial_exposed_comm_s=job['serial'])
-    row.update(model=name, network=spec['network'], extra_bytes=int(_extra_bytes(overlap)),
-               hidden_fraction=hidden_fraction(row['compute_s'], row['serial_s'],
-                                               row['overlap_s']),
-               chunk_overhead=row['compute_chunked_s'] / row['compute_s'] - 1.0,
-               grad_bytes=4 * int(serial.n_exch), n_buckets=len(serial.buckets),
-               n_chunks=overlap.backward.n_chunks, chunk_saved_bytes=saved,
-               workers=k, batch=spec['batch'], steps=spec['steps'], reps=spec['reps'],
-               comm_thread=spec['comm_thread'], bucket_cap_mb=serial.cfg.bucket_cap_mb,
-               first_bucket_cap_mb=serial.cfg.first_bucket_cap_mb)
-    return row
-
-
-def _saved_bytes(backward, x, y):
-    """Bytes of forward intermediates the chunked backward carries to its chunks."""
-    out = backward.forward_fn(x, y)
-    return int(sum(np.asarray(v).nbytes for v in out[2:]))
-
-
 def _measure_all(spec):
     from ..collective.mpi import MPICommunicator
     comm = MPICommunicator(thread_nice=spec['thread_nice'], thread_idle=spec['thread_idle'],
@@ -344,6 +275,7 @@ def _measure_all(spec):
     from ..engine.open import open_on_every_rank
     open_on_every_rank(spec.get('device', 'cpu'), comm)
     rows = [measure_model(comm, name, spec) for name in spec['models']]
+    rows += [measure_contract(comm, ref, spec) for ref in spec.get('contracts', ())]
     if comm.rank == 0:
         write_json(spec['out'], rows, 'the rank results')
     comm.barrier()

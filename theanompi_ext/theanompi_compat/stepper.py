@@ -135,6 +135,15 @@ class ContractStepper(object):
         ``timeline`` not set)."""
         return self._step.timeline
 
+    @timeline.setter
+    def timeline(self, timeline):
+        self._step.timeline = timeline
+
+    def make_timeline(self):
+        """A fresh timeline of this rank's step (:meth:`Step.make_timeline
+        <theanompi_ext.step.run.Step.make_timeline>`)."""
+        return self._step.make_timeline()
+
     def take_over(self):
         """Put our step in place of the model's own train functions (once its
         ``compile_iter_fns`` has run); returns the
