@@ -16,7 +16,10 @@ def plan_lines(session, log=print):
     from .worker import import_model_class, choose_mode
     from .options import resolve_options
     from .feed import ModelFeed
-    devices, k = session['devices'], len(session['devices'])
+    from ..engine.devices import parse_devices
+    # One rank per device, as the launch counts them ('cpu0,cpu1' is two).
+    devices = [d for _, d in parse_devices(session['devices'])]
+    k = len(devices)
     open_on_every_rank('cpu', create_communicator('local'))
     cls = import_model_class(session['modelfile'], session['modelclass'])
     model = cls({'verbose': False, 'rank': 0, 'size': k, 'mname': session['modelclass'],
