@@ -84,9 +84,7 @@ def stepper_pair(comm, ref, spec):
                                   chunks=chunks)
         stepper.take_over()
         steppers[strategy] = stepper
-    # Rank 0 compiled first: the others may still compile when it would start
-    # the loading step's collectives, which the step watchdog bounds.
-    comm.barrier()
+    # (compile_in_turn already returns on every rank together.)
     for stepper in steppers.values():
         _load_first_batch(stepper.model, stepper)
     return steppers[SERIAL], steppers[OVERLAP], found

@@ -112,7 +112,8 @@ def find_chunks(model):
     owners, units, preferred = found
     if units is not None:
         # Parameters of model.params no layer lists stay alone.
-        units = [[p for p in u if p in set(params)] for u in units]
+        known = set(params)
+        units = [[p for p in u if p in known] for u in units]
         units = [u for u in units if u]
     groups = find_cuts(model.cost, source, params, units=units, preferred=preferred)
     where = 'the Theano graph from %s to model.cost (names from %s)' % (
