@@ -15,19 +15,20 @@ PIP    := $(PY) -m pip install -q -c constraints.txt
 MPI_REQ := $(if $(filter site,$(MPI)),,-r requirements-$(MPI).txt)
 DEMO_STRATEGY ?= ar-overlap
 # One Theano compile cache for the whole project (ignored by git).
-export THEANOMPI_EXT_CACHE := $(CURDIR)/.cache/theano
+export THEANOMPI_EXT_CACHE ?= $(CURDIR)/.cache/theano
 # One BLAS thread per rank: ranks, not threads, use the cores.
 export OMP_NUM_THREADS := 1
 export OPENBLAS_NUM_THREADS := 1
 # pocl (OpenCL on the CPU) compiles its kernels once into this cache (a folder per rank).
-export POCL_CACHE_DIR := $(CURDIR)/.cache/pocl
+export POCL_CACHE_DIR ?= $(CURDIR)/.cache/pocl
 # The GPU path's system packages (docs/gpu.md); not needed for the CPU path.
 # Pinned to the Debian 12 versions measured to work; `make gpu-deps GPU_APT=...`
 # overrides them on another release.
 GPU_APT := python3-pygpu=0.7.6-13+b1 libgpuarray-dev=0.7.6-13+b1 \
            libgpuarray3=0.7.6-13+b1 pocl-opencl-icd=3.1-3+deb12u1
 
-.PHONY: install demo test clean gpu-deps bench-deps
+.PHONY: install demo test test-root clean gpu-deps gpu-apt gpu-link bench-deps \
+        check-wheel check-routes
 
 install: $(STAMP)
 
@@ -48,14 +49,33 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
+# The tests marked root (a tmpfs mount, network namespaces): `make test` skips
+# them, with the reason, for a user without root; CI runs them as root.
+test-root: install
+	$(PY) -m pytest -q -m root tests
+
+# The wheel built from this tree, installed in a fresh venv and run from
+# outside the tree (info, check-equivalence, a short train).
+check-wheel: install
+	$(PY) scripts/check_wheel.py
+
+# Every install route resolved against constraints.txt (needs the registry).
+check-routes: install
+	$(PY) scripts/check_routes.py
+
 # PyTorch for `bench compare` (the [bench] extra), under the same pins.
 bench-deps: install
 	$(PIP) -e '.[bench]'
 
-# As root: Debian's pygpu/libgpuarray and pocl, linked into the venv.
-gpu-deps: install
+# As root: Debian's pygpu/libgpuarray and pocl, linked into the venv. The two
+# halves apart: gpu-apt (root, once per machine), gpu-link (any user, per venv).
+gpu-deps: gpu-apt gpu-link
+
+gpu-apt:
 	apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(GPU_APT)
+
+gpu-link: install
 	$(PY) scripts/link_pygpu.py
 
 clean:

@@ -17,6 +17,17 @@ os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 os.environ.setdefault('POCL_CACHE_DIR', os.path.join(ROOT, '.cache', 'pocl'))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``root`` skip, with the reason, for a user without root."""
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason='needs root (mount, network namespaces); CI runs it as '
+                            'root: make test-root')
+    for item in items:
+        if item.get_closest_marker('root'):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def mpirun():
     """:func:`support.procs.run_mpi` as a fixture."""

@@ -88,6 +88,7 @@ def test_allreduce_quick_writes_json(tmp_path):
     assert 'raw/ours' in stdout and '1 MB' in stdout
 
 
+@pytest.mark.root
 @pytest.mark.parametrize('sig', ['SIGTERM', 'SIGHUP'])
 def test_signal_stops_the_ranks_and_deletes_the_namespace(sig):
     """A benchmark stopped by a signal ends every rank it started and deletes its

@@ -415,6 +415,7 @@ def full_disk(tmp_path):
         subprocess.run(['umount', '-l', str(where)])
 
 
+@pytest.mark.root
 def test_convert_into_a_full_disk(full_disk, monkeypatch, capsys):
     """convert: exit 3 and one line naming the file and the cause, nothing left on
     the disk; also when the free-space check is bypassed and HDF5's own write fails
@@ -437,6 +438,7 @@ def test_convert_into_a_full_disk(full_disk, monkeypatch, capsys):
     assert os.listdir(str(full_disk)) == []
 
 
+@pytest.mark.root
 def test_train_into_a_full_disk(full_disk, tmp_path):
     """train --workers 2 --out on a full disk: exit 3, rank 0 names the checkpoint and
     the cause in one line, no segfault, no temporary file left."""
@@ -454,6 +456,7 @@ def test_train_into_a_full_disk(full_disk, tmp_path):
     assert not temporaries(full_disk)
 
 
+@pytest.mark.root
 def test_write_failing_mid_way_keeps_the_old_files(full_disk, monkeypatch):
     """The space check bypassed, a write that hits ENOSPC: WriteError naming the path
     and the cause; the old file (and, for a set of outputs, every old file) intact."""
@@ -469,6 +472,7 @@ def test_write_failing_mid_way_keeps_the_old_files(full_disk, monkeypatch):
     assert sorted(os.listdir(str(full_disk))) == ['a.json', 'b.npz']
 
 
+@pytest.mark.root
 def test_json_and_figures_are_written_whole_or_not_at_all(full_disk, tmp_path, monkeypatch):
     """The benchmarks', timelines' and plots' files: a document that cannot be
     encoded, a figure that cannot be drawn, and a full disk all leave the old file."""

@@ -45,6 +45,10 @@ def _configure_and_import():
     # Ranks sharing one compile cache wait on its lock; that is expected.
     logging.getLogger('theano.gof.compilelock').setLevel(logging.WARNING)
     # A device that fails to open is our DeviceError below, not Theano's traceback.
+    # Theano's GPU backend imports pkg_resources (kept by the setuptools pin,
+    # constraints.txt), which warns on every rank, also when imported later.
+    warnings.filterwarnings('ignore', message='pkg_resources is deprecated',
+                            category=UserWarning, module=r'theano\.')
     logging.getLogger('theano.gpuarray').setLevel(logging.CRITICAL)
     if _configured_device().startswith('opencl'):
         # pocl compiles its kernels once per cache (~40 s for CLBlast's first call).

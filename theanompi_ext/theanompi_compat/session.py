@@ -203,6 +203,9 @@ def main(argv=None):
     """Parse, validate, launch and wait; returns the exit status."""
     from .rule import BSP
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ('-h', '--help', '-help') for a in argv):
+        sys.stdout.write(USAGE + '\n')
+        return 0
     try:
         flags = parse_args(argv)
         dry_run = flags.pop('dry_run', False)
