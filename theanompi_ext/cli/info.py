@@ -12,9 +12,10 @@ report (a CPU-only machine has ``no`` lines), read by people and by ``grep``.
 import platform
 
 #: Seconds each check may take. An engine check loads Theano and compiles a
-#: function: measured on 2 cores, all checks together took 6-9 s with a warm
-#: compile cache and 24 s with an empty one (Theano's own modules and the
-#: device's kernels are compiled first).
+#: function (about 5 s of CPU; on a device it compiles one module each time,
+#: under Theano's compile lock). Measured on 2 cores, all checks together:
+#: 9-10 s with a warm compile cache, 17-32 s while other jobs kept both cores
+#: busy and held the lock of the shared cache, 24 s with an empty cache.
 DEFAULT_TIMEOUT = 30.0
 #: Said with an engine check's timeout.
 COMPILE_HINT = 'a first run fills the compile cache: run info again, or raise --timeout'
