@@ -292,8 +292,8 @@ def test_nonfinite_loss_leaves_no_unwaited_handle(monkeypatch):
 
 # -- layering ---------------------------------------------------------------------------
 
-# bench allreduce's raw-MPI baseline and info's version report
-MPI4PY_EXCEPTIONS = {'bench/allreduce.py', 'cli/info.py'}
+# bench allreduce's raw-MPI baseline
+MPI4PY_EXCEPTIONS = {'bench/allreduce.py'}
 
 
 def test_mpi4py_only_behind_the_collective_layer():

@@ -15,3 +15,14 @@ def output_path(text):
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError('folder %r is not writable (for %r)' % (folder, text))
     return text
+
+
+def positive_seconds(text):
+    """argparse type of a duration in seconds: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError('%r is not a number of seconds' % (text,))
+    if not value > 0:
+        raise argparse.ArgumentTypeError('%r: must be more than 0 seconds' % (text,))
+    return value

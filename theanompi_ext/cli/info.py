@@ -1,89 +1,72 @@
-"""``theanompi-ext info``: versions and which collective backends work here."""
+"""``theanompi-ext info``: versions, and which backends, devices and exchange paths work here.
+
+Nothing is called usable that was not tried the way a training run uses it:
+each check runs in a child process (:mod:`.checks`, started by
+:mod:`.probes`), concurrently, each stopped after ``--timeout`` seconds;
+:mod:`.info_rows` says what rests on which check. A line that says ``no``
+gives the reason the check met (an exception's type and first line,
+``timed out after N s``...). This process imports neither
+Theano nor mpi4py. The exit status is 0 whatever the report says: it is a
+report (a CPU-only machine has ``no`` lines), read by people and by ``grep``.
+"""
 import platform
 
+#: Seconds each check may take. An engine check loads Theano and compiles a
+#: function (about 5 s of CPU; on a device it compiles one module each time,
+#: under Theano's compile lock). Measured on 2 cores, all checks together:
+#: 9-10 s with a warm compile cache, 17-32 s while other jobs kept both cores
+#: busy and held the lock of the shared cache, 24 s with an empty cache.
+DEFAULT_TIMEOUT = 30.0
+#: Said with an engine check's timeout.
+COMPILE_HINT = 'a first run fills the compile cache: run info again, or raise --timeout'
 
-def gather():
-    """A list of (label, value) lines."""
+
+def gather(timeout=DEFAULT_TIMEOUT):
+    """A list of (label, value) lines; runs the checks (:mod:`.checks`)."""
     import numpy
     from .. import __version__
+    from ..collective.world import outside_the_job
+    from ..launch.mpiexec import child_env, find_mpiexec, mpiexec_command
+    from .info_rows import report_rows
+    from .probes import ProbeSet
     rows = [('theanompi_ext', __version__), ('python', platform.python_version()),
             ('numpy', numpy.__version__)]
     try:
-        from ..engine.core import version, theano
-        rows.append(('theano', '%s (floatX=%s, compiledir=%s)' % (
-            version(), theano.config.floatX, theano.config.base_compiledir)))
-    except Exception as exc:
-        rows.append(('theano', 'UNUSABLE: %s' % exc))
-    try:
-        import mpi4py
-        rows.append(('mpi4py', mpi4py.__version__))
-        from ..collective.mpi import library_version, thread_level
-        rows.append(('MPI library', '%s (thread level %s)' % (library_version(), thread_level())))
-    except Exception as exc:
-        rows.append(('mpi4py', 'UNUSABLE: %s' % exc))
-    from ..launch.mpiexec import find_mpiexec
-    try:
-        rows.append(('mpiexec', find_mpiexec()))
-    except RuntimeError as exc:
-        rows.append(('mpiexec', str(exc)))
-    from ..collective.registry import available_backends
-    for name, ok, why in available_backends():
-        rows.append(('backend %s' % name, '%s - %s' % ('yes' if ok else 'no', why)))
-    rows.extend(device_rows())
-    return rows
-
-
-def openable_devices():
-    """(pygpu version or None, [device strings pygpu opens], [(device, why not)])."""
-    try:
-        import pygpu
-        import pygpu.gpuarray as ga
-    except ImportError as exc:
-        return None, [], [('pygpu', 'not installed (%s); `make gpu-deps` as root' % exc)]
-    from ..engine.core import open_failure
-    ok, failed = [], []
-    for kind in ('cuda', 'opencl'):
-        try:
-            platforms = ga.count_platforms(kind)
-            names = ['cuda%d' % d for d in range(ga.count_devices(kind, 0))] if kind == 'cuda' \
-                else ['opencl%d:%d' % (p, d) for p in range(platforms)
-                      for d in range(ga.count_devices(kind, p))]
-        except Exception as exc:  # noqa: B902 - pygpu raises its own types
-            msg = exc.args[0] if exc.args else exc
-            failed.append((kind, msg.decode('utf-8', 'replace') if isinstance(msg, bytes)
-                           else str(msg)))
-            continue
-        for dev in names:
-            why = open_failure(dev)
-            (failed.append((dev, why)) if why else ok.append(dev))
-    return pygpu.__version__, ok, failed
-
-
-def device_rows():
-    """pygpu, the devices it opens, and per exchange path whether it works."""
-    from ..step.device import nccl_unavailable
-    version, ok, failed = openable_devices()
-    rows = [('pygpu', version or 'no')]
-    rows.append(('devices', ', '.join(['cpu'] + ok)))
-    rows.extend(('device %s' % d, 'no - %s' % why) for d, why in failed)
-    rows.append(('exchange host', 'yes - host buffers over MPI (--device cpu)'))
-    rows.append(('exchange host-staged', 'yes - device buckets copied to host, MPI, copied '
-                 'back (%s)' % ', '.join(ok) if ok else 'no - no device opens here'))
-    cuda = [d for d in ok if d.startswith('cuda')]
-    why = nccl_unavailable(cuda[0] if cuda else 'opencl')
-    rows.append(('exchange nccl', 'no - %s' % why if why else 'yes'))
+        mpiexec, mpiexec_error = find_mpiexec(), None
+    except Exception as exc:  # noqa: B902 - RuntimeError, BadInput: the line says which
+        mpiexec, mpiexec_error = None, str(exc)
+    # What the launcher gives ranks (one BLAS thread, Open MPI's root switches); not
+    # the variables of a job info itself may run in: each check is a job of its own
+    # (an engine check too: Theano's import starts MPI, theano/tensor/io.py).
+    with ProbeSet(timeout, env=outside_the_job(child_env())) as probes:
+        probed = {'cpu': probes.start('engine', 'cpu', hint=COMPILE_HINT),
+                  'devices': probes.start('devices'),
+                  'nccl': probes.start('nccl'),
+                  # two ranks, so that a sum travels; without mpiexec one, for the versions
+                  'mpi': probes.start('mpi', launcher=(
+                      lambda cmd: mpiexec_command(2, cmd, mpiexec=mpiexec)) if mpiexec else None)}
+        listed = probed['devices'].stage('list')
+        names = listed.info.get('devices', []) if listed.ok else []
+        # after the listing, which opens nothing: one child per device, as one rank per device
+        probed['each'] = [(d, probes.start('engine', d, hint=COMPILE_HINT)) for d in names]
+        rows += report_rows(probed, mpiexec, mpiexec_error)
     return rows
 
 
 def main(args=None):
-    """Print the report."""
-    for label, value in gather():
+    """Print the report; exit status 0 (module docstring)."""
+    timeout = getattr(args, 'timeout', None) or DEFAULT_TIMEOUT
+    for label, value in gather(timeout):
         print('%-16s %s' % (label, value))
     return 0
 
 
 def register(sub):
     """Add the ``info`` sub-command."""
-    p = sub.add_parser('info', help='versions, available collective backends, devices '
-                       'and device exchange paths')
+    from .argtypes import positive_seconds
+    p = sub.add_parser('info', help='versions; which collective backends, devices and device '
+                       'exchange paths work here, each tried in a child process')
+    p.add_argument('--timeout', type=positive_seconds, default=DEFAULT_TIMEOUT, metavar='S',
+                   help='seconds each check may run before it is stopped and reported as '
+                   '"timed out" (default: %(default)g)')
     p.set_defaults(func=main)

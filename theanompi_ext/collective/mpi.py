@@ -309,6 +309,12 @@ class _RequestHandle(Handle):
         return self.buf
 
 
+def mpi4py_version():
+    """mpi4py's version; importing the package does not start MPI (``mpi4py.MPI`` does)."""
+    import mpi4py
+    return mpi4py.__version__
+
+
 def library_version():
     """First line of the MPI library's version string."""
     return _mpi().Get_library_version().strip().splitlines()[0].strip()

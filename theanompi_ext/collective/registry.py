@@ -72,7 +72,10 @@ def _mpi_world_size():
 
 
 def available_backends():
-    """[(name, available, reason)] for every backend, for ``theanompi-ext info``."""
+    """[(name, available, reason)] for every backend: what loads in this process
+    (MPI starts here; no device is opened, so ``pygpu-nccl`` is available where
+    its module imports). ``theanompi-ext info`` tries each backend instead, in
+    child processes (``cli/checks.py``)."""
     out = [('local', True, 'always')]
     try:
         from mpi4py import MPI

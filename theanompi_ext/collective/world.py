@@ -30,6 +30,23 @@ def in_mpi_job(environ=None):
     return any(v in environ for v in LAUNCHER_VARS)
 
 
+# Where a launcher tells a process it is a rank: these and LAUNCHER_VARS, LOCAL_RANK_VARS
+# (MPICH's hydra: PMI_FD, PMI_PORT, HYDI_CONTROL_FD; Open MPI/PMIx: PMIX_*, OMPI_COMM_WORLD_*).
+RANK_VAR_PREFIXES = ('PMI_', 'PMIX_', 'HYDI_', 'OMPI_COMM_WORLD_', 'MPI_LOCALNRANKS')
+
+
+def outside_the_job(environ=None):
+    """A copy of the environment without the variables that make a process a rank
+    of the MPI job that started this one: for a process this one starts that must
+    be a job of its own (``theanompi-ext info``'s checks; a child that inherited
+    them would try to join this rank's job: MPICH's ``PMI_Init`` fails on the
+    inherited ``PMI_FD``)."""
+    env = os.environ if environ is None else environ
+    rank_vars = set(LAUNCHER_VARS) | set(LOCAL_RANK_VARS)
+    return {k: v for k, v in env.items()
+            if k not in rank_vars and not k.startswith(RANK_VAR_PREFIXES)}
+
+
 def launcher_rank_size(environ=None):
     """``(rank, size)`` of this process in an MPI job, from the launcher's
     variables and without starting MPI; ``(0, None)`` outside one."""
