@@ -1,0 +1,359 @@
+"""Several emulated hosts on one machine, and mpiexec jobs placed on them (root only).
+
+Each host is a network namespace with its own address (``eth0``,
+10.77.0.N/24) and, for what runs there, its own hostname (``unshare -u``).
+The hosts hang off a bridge in a *hub* namespace (one veth pair per host);
+the hub is where the real mpiexec runs, the way a login node would. Every
+link and device lives inside namespaces of ours, so nothing is added to the
+machine's own network, and deleting the namespaces deletes everything.
+
+``with EmulatedHosts(hosts=2, ranks_per_host=2, rate='200mbit') as eh:`` makes
+them and writes, into a temporary folder:
+
+``hostfile``   ``tmxh0:2`` ... (hydra's ``-f`` format);
+``mpiexec``    a script that runs the venv's mpiexec in the hub with
+               ``-launcher ssh -launcher-exec WRAPPER -iface br0`` and MPICH
+               forced onto TCP between hosts (:data:`HOSTS_ENV`; its default
+               transport, UCX, moves data through shared memory even across
+               namespaces); ``--version`` and ``-info`` pass straight through;
+``launch``     WRAPPER: called as ``ssh [-x ...] HOST CMD...``, it drops the
+               ssh options and runs CMD in HOST's namespace with HOST as its
+               hostname.
+
+``eh.env()`` sets ``THEANOMPI_EXT_MPIEXEC`` to that mpiexec, so
+``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
+hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
+and up during a run; ``rate`` (tbf) and ``delay`` (netem) shape every link.
+Shared memory still works within a host (the ranks of one host share /dev/shm).
+
+Cleanup: leaving the block kills every process in our namespaces and deletes
+them; a reaper child does the same if this process dies without leaving the
+block (SIGKILL); :func:`cleanup_stale` (called on entering) removes what a
+dead process left. Namespaces are named ``tmxhosts<pid>-hub``/``-h<i>``.
+
+For a user: ``python -m theanompi_ext.launch.emulated_hosts --hosts 2 --ranks 2
+[--rate 200mbit] [--delay 5ms] -- theanompi-ext train --workers 4 --hostfile
+'$TMX_HOSTFILE' ...`` (the hostfile's path is also in ``$TMX_HOSTFILE``).
+"""
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError,
+                               delete_namespace, namespaces, netns_problem, tbf_link)
+from .mpiexec import MPIEXEC_VAR, find_mpiexec
+
+PREFIX = 'tmxhosts'
+SUBNET = '10.77.0.'
+HUB_ADDRESS = SUBNET + '254'
+BRIDGE = 'br0'
+HOST_DEV = 'eth0'
+#: What hydra's proxies get besides the launcher: TCP (libfabric) between hosts,
+#: on each host's link rather than its loopback.
+HOSTS_ENV = {'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp', 'FI_TCP_IFACE': HOST_DEV}
+#: mpiexec options that only ask a question (no launch): passed through untouched.
+QUERY_OPTIONS = ('--version', '-version', '-info', '--info', '-h', '-help', '--help')
+
+
+def hosts_problem():
+    """Why emulated hosts cannot be made here, or None."""
+    problem = netns_problem()
+    if problem:
+        return problem.replace('the tbf network mode', 'emulated hosts')
+    if shutil.which('unshare') is None:
+        return 'unshare not found: install util-linux'
+    return None
+
+
+def host_name(i):
+    """The hostname (and hostfile name) of emulated host ``i``."""
+    return 'tmxh%d' % i
+
+
+def _owner(ns):
+    m = re.match(r'%s(\d+)-' % PREFIX, ns)
+    return int(m.group(1)) if m else None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def remove_namespaces(names):
+    """Kill every process inside each namespace in ``names``, then delete it (its
+    links go with it)."""
+    for ns in names:
+        out = subprocess.run(['ip', 'netns', 'pids', ns], capture_output=True,
+                             text=True).stdout
+        for pid in out.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    for ns in names:
+        delete_namespace(ns)
+
+
+def owned_namespaces(pid):
+    """The namespaces that process ``pid``'s :class:`EmulatedHosts` made."""
+    return [ns for ns in namespaces() if _owner(ns) == pid]
+
+
+def cleanup_stale():
+    """Remove the namespaces (and their links and processes) of dead owners;
+    returns their names."""
+    stale = [ns for ns in namespaces() if _owner(ns) is not None and not _alive(_owner(ns))]
+    remove_namespaces(stale)
+    return stale
+
+
+def _ip(*argv):
+    res = subprocess.run(('ip',) + argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise NetworkSetupError('`ip %s` failed: %s' % (' '.join(argv), res.stderr.strip()))
+    return res.stdout
+
+
+LAUNCH_SCRIPT = r'''#!/bin/sh
+# hydra's ssh launcher for emulated hosts: ssh [OPTIONS] HOST COMMAND...
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-l|-i|-F) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=$1; shift
+case "$host" in
+%(cases)s
+  *) echo "emulated hosts: no host $host" >&2; exit 255 ;;
+esac
+# like ssh: the words are joined and run by a shell, on the host, as the host
+exec ip netns exec "$ns" unshare -u sh -c "hostname $host && exec $*"
+'''
+
+MPIEXEC_SCRIPT = r'''#!/bin/sh
+# the venv's mpiexec, run in the hub of the emulated hosts, launching through them
+case "$1" in %(queries)s) exec %(real)s "$@" ;; esac
+exec ip netns exec %(hub)s %(real)s -launcher ssh -launcher-exec %(launch)s -iface %(bridge)s %(genv)s "$@"
+'''
+
+REAPER = ('import sys; sys.stdin.read(); '
+          'from theanompi_ext.launch.emulated_hosts import owned_namespaces, '
+          'remove_namespaces; remove_namespaces(owned_namespaces(int(sys.argv[1])))')
+
+
+class EmulatedHosts(object):
+    """``hosts`` emulated hosts of ``ranks_per_host`` slots each (see the module).
+
+    ``rate``: tc units ('200mbit'), each host's link in both directions (tbf);
+    ``delay``: tc time ('5ms'), added once to every packet between two hosts
+    (netem, applied where it leaves a host). Raises
+    :class:`~theanompi_ext.launch.emulated_network.NetworkSetupError` on entering
+    when they cannot be made (not root, no iproute2, no netem in the kernel).
+    """
+
+    def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None):
+        if int(hosts) < 1 or int(hosts) > 250 or int(ranks_per_host) < 1:
+            raise ValueError('hosts must be 1..250 and ranks_per_host >= 1')
+        if rate is not None:
+            tbf_link(rate)                      # ValueError now rather than tc's later
+        self.n, self.ranks_per_host = int(hosts), int(ranks_per_host)
+        self.rate, self.delay = rate, delay
+        self.hosts = [host_name(i) for i in range(self.n)]
+        self.hub = '%s%d-hub' % (PREFIX, os.getpid())
+        self.folder = self.hostfile = self.mpiexec = self._reaper = None
+
+    def namespace(self, host):
+        """The namespace of ``host`` (a name or an index)."""
+        i = host if isinstance(host, int) else self.hosts.index(host)
+        return '%s%d-h%d' % (PREFIX, os.getpid(), i)
+
+    def address(self, host):
+        """The address of ``host`` (name or index) on the emulated network."""
+        i = host if isinstance(host, int) else self.hosts.index(host)
+        return SUBNET + str(i + 1)
+
+    def __enter__(self):
+        problem = hosts_problem()
+        if problem:
+            raise NetworkSetupError(problem)
+        cleanup_stale()
+        try:
+            self._start_reaper()
+            self._make_network()
+            self._write_scripts()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start_reaper(self):
+        # stdin closes when this process dies, however; the reaper then removes
+        # what is left (nothing after a normal exit)
+        self._reaper = subprocess.Popen([sys.executable, '-c', REAPER, str(os.getpid())],
+                                        stdin=subprocess.PIPE, start_new_session=True,
+                                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                            [_package_parent()] +
+                                            os.environ.get('PYTHONPATH', '').split(os.pathsep))))
+
+    def _make_network(self):
+        _ip('netns', 'add', self.hub)
+        _ip('-n', self.hub, 'link', 'set', 'lo', 'up')
+        _ip('-n', self.hub, 'link', 'add', BRIDGE, 'type', 'bridge')
+        _ip('-n', self.hub, 'addr', 'add', HUB_ADDRESS + '/24', 'dev', BRIDGE)
+        _ip('-n', self.hub, 'link', 'set', BRIDGE, 'up')
+        for i, host in enumerate(self.hosts):
+            ns, dev = self.namespace(i), self.link(i)
+            _ip('netns', 'add', ns)
+            _ip('-n', ns, 'link', 'set', 'lo', 'up')
+            _ip('-n', self.hub, 'link', 'add', dev, 'type', 'veth', 'peer', 'name', HOST_DEV,
+                'netns', ns)
+            _ip('-n', self.hub, 'link', 'set', dev, 'master', BRIDGE)
+            _ip('-n', ns, 'addr', 'add', self.address(i) + '/24', 'dev', HOST_DEV)
+            self._shape(self.hub, dev, delay=None)      # into the host
+            self._shape(ns, HOST_DEV, delay=self.delay)  # out of the host
+            _ip('-n', self.hub, 'link', 'set', dev, 'up')
+            _ip('-n', ns, 'link', 'set', HOST_DEV, 'up')
+
+    def _shape(self, ns, dev, delay):
+        tc = ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', dev]
+        tbf = ['tbf', 'rate', str(self.rate), 'burst', DEFAULT_BURST, 'latency', DEFAULT_LATENCY]
+        try:
+            if delay and self.rate:
+                _ip(*tc + ['root', 'handle', '1:', 'netem', 'delay', str(delay)])
+                _ip(*tc + ['parent', '1:', 'handle', '2:'] + tbf)
+            elif delay:
+                _ip(*tc + ['root', 'netem', 'delay', str(delay)])
+            elif self.rate:
+                _ip(*tc + ['root'] + tbf)
+        except NetworkSetupError as exc:
+            if 'unknown' in str(exc) and delay:
+                raise NetworkSetupError('--delay needs the netem queueing discipline, which '
+                                        'this kernel lacks (sch_netem): %s' % exc)
+            raise
+
+    def _write_scripts(self):
+        self.folder = tempfile.mkdtemp(prefix='tmxhosts-')
+        q = shlex.quote
+        cases = '\n'.join('  %s) ns=%s ;;' % (h, self.namespace(i))
+                          for i, h in enumerate(self.hosts))
+        launch = self._script('launch', LAUNCH_SCRIPT % {'cases': cases})
+        genv = ' '.join('-genv %s %s' % (k, q(v)) for k, v in sorted(HOSTS_ENV.items()))
+        real = find_mpiexec()
+        if os.path.basename(os.path.dirname(real)).startswith(PREFIX + '-'):
+            raise NetworkSetupError('%s=%s is an emulated-hosts mpiexec already: unset it'
+                                    % (MPIEXEC_VAR, real))
+        self.mpiexec = self._script('mpiexec', MPIEXEC_SCRIPT % {
+            'queries': '|'.join(QUERY_OPTIONS), 'real': q(real), 'hub': q(self.hub),
+            'launch': q(launch), 'bridge': BRIDGE, 'genv': genv})
+        self.hostfile = os.path.join(self.folder, 'hostfile')
+        with open(self.hostfile, 'w') as fh:
+            fh.write(''.join('%s:%d\n' % (h, self.ranks_per_host) for h in self.hosts))
+
+    def _script(self, name, text):
+        path = os.path.join(self.folder, name)
+        with open(path, 'w') as fh:
+            fh.write(text)
+        os.chmod(path, 0o755)
+        return path
+
+    def link(self, host):
+        """The hub's end of ``host``'s link (a device in the hub namespace)."""
+        i = host if isinstance(host, int) else self.hosts.index(host)
+        return 'h%d' % i
+
+    def env(self, base=None):
+        """``base`` (default: this environment) with ``THEANOMPI_EXT_MPIEXEC`` set to
+        the emulated hosts' mpiexec and ``TMX_HOSTFILE`` to the hostfile."""
+        env = dict(os.environ if base is None else base)
+        env[MPIEXEC_VAR], env['TMX_HOSTFILE'] = self.mpiexec, self.hostfile
+        return env
+
+    def cut(self, host):
+        """Take ``host``'s link down (packets to and from it are dropped)."""
+        _ip('-n', self.hub, 'link', 'set', self.link(host), 'down')
+
+    def restore(self, host):
+        """Bring ``host``'s link back up after :meth:`cut`."""
+        _ip('-n', self.hub, 'link', 'set', self.link(host), 'up')
+
+    def link_bytes(self, host):
+        """Bytes carried so far by ``host``'s link: ``(into the host, out of it)``."""
+        out = _ip('netns', 'exec', self.hub, 'cat',
+                  '/sys/class/net/%s/statistics/tx_bytes' % self.link(host),
+                  '/sys/class/net/%s/statistics/rx_bytes' % self.link(host))
+        into, out_of = (int(x) for x in out.split())
+        return into, out_of
+
+    def __exit__(self, *exc):
+        remove_namespaces(owned_namespaces(os.getpid()))
+        if self._reaper is not None:
+            self._reaper.stdin.close()
+            try:
+                self._reaper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+        return False
+
+
+def _package_parent():
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None):
+    """The CLI: run a command with emulated hosts set up around it; returns its status."""
+    p = argparse.ArgumentParser(
+        prog='python -m theanompi_ext.launch.emulated_hosts',
+        description='Run COMMAND with THEANOMPI_EXT_MPIEXEC set to an mpiexec that places '
+                    'ranks on emulated hosts (network namespaces; root only) and the '
+                    "hostfile's path in $TMX_HOSTFILE; everything is removed afterwards.",
+        epilog="e.g. ... --hosts 2 --ranks 2 --rate 200mbit -- sh -c 'theanompi-ext train "
+               "--workers 4 --hostfile $TMX_HOSTFILE --model digits_cnn'")
+    p.add_argument('--hosts', type=int, default=2)
+    p.add_argument('--ranks', type=int, default=2, help='ranks (slots) per host')
+    p.add_argument('--rate', default=None, help='each link, tc units (e.g. 200mbit)')
+    p.add_argument('--delay', default=None, help='between hosts, tc units (e.g. 5ms; netem)')
+    p.add_argument('command', nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ['--'] else args.command
+    if not cmd:
+        p.error('no command given (after --)')
+    try:
+        with EmulatedHosts(args.hosts, args.ranks, args.rate, args.delay) as eh:
+            print('emulated hosts: %s; hostfile %s; mpiexec %s' % (
+                ', '.join('%s=%s' % (h, eh.address(h)) for h in eh.hosts), eh.hostfile,
+                eh.mpiexec), file=sys.stderr, flush=True)
+            proc = subprocess.Popen(cmd, env=eh.env())
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                proc.wait()
+                return 130
+    except NetworkSetupError as exc:
+        print('emulated hosts: %s' % exc, file=sys.stderr)
+        return 2
+
+
+__all__ = ['EmulatedHosts', 'HOSTS_ENV', 'cleanup_stale', 'host_name', 'hosts_problem',
+           'owned_namespaces', 'remove_namespaces']
+
+if __name__ == '__main__':
+    sys.exit(main())
