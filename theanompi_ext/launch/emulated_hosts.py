@@ -150,9 +150,10 @@ case "$1" in %(queries)s) exec %(real)s "$@" ;; esac
 exec ip netns exec %(hub)s %(real)s -launcher ssh -launcher-exec %(launch)s -iface %(bridge)s %(genv)s "$@"
 '''
 
-REAPER = ('import sys; sys.stdin.read(); '
+REAPER = ('import shutil, sys; sys.stdin.read(); '
           'from theanompi_ext.launch.emulated_hosts import owned_namespaces, '
-          'remove_namespaces; remove_namespaces(owned_namespaces(int(sys.argv[1])))')
+          'remove_namespaces; remove_namespaces(owned_namespaces(int(sys.argv[1]))); '
+          'shutil.rmtree(sys.argv[2], ignore_errors=True)')
 
 
 class EmulatedHosts(object):
@@ -191,6 +192,7 @@ class EmulatedHosts(object):
         if problem:
             raise NetworkSetupError(problem)
         cleanup_stale()
+        self.folder = tempfile.mkdtemp(prefix=PREFIX + '-')
         try:
             self._start_reaper()
             self._make_network()
@@ -203,7 +205,8 @@ class EmulatedHosts(object):
     def _start_reaper(self):
         # stdin closes when this process dies, however; the reaper then removes
         # what is left (nothing after a normal exit)
-        self._reaper = subprocess.Popen([sys.executable, '-c', REAPER, str(os.getpid())],
+        self._reaper = subprocess.Popen([sys.executable, '-c', REAPER, str(os.getpid()),
+                                         self.folder],
                                         stdin=subprocess.PIPE, start_new_session=True,
                                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                                             [_package_parent()] +
@@ -246,7 +249,6 @@ class EmulatedHosts(object):
             raise
 
     def _write_scripts(self):
-        self.folder = tempfile.mkdtemp(prefix='tmxhosts-')
         q = shlex.quote
         cases = '\n'.join('  %s) ns=%s ;;' % (h, self.namespace(i))
                           for i, h in enumerate(self.hosts))
