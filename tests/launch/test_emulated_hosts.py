@@ -25,21 +25,25 @@ from theanompi_ext.launch.emulated_network import namespaces
 pytestmark = pytest.mark.root
 
 ALLREDUCE_BYTES = 4 << 20
-REPEATS = 3
+REPEATS = 2
+RATE, RATE_BYTES_S = '40mbit', 40e6 / 8
 
 PROBE = r'''
-import json, os, socket, sys
+import json, os, socket, sys, time
 import numpy as np
 from mpi4py import MPI
 w = MPI.COMM_WORLD
 node = w.Split_type(MPI.COMM_TYPE_SHARED)
 a = np.full(int(sys.argv[1]) // 4, w.rank + 1, np.float32)
 b = np.empty_like(a)
+w.Barrier()
+t0 = time.perf_counter()
 for _ in range(int(sys.argv[2])):
     w.Allreduce(a, b)
+secs = time.perf_counter() - t0
 with open(os.path.join(sys.argv[3], 'rank%d.json' % w.rank), 'w') as f:
     json.dump(dict(rank=w.rank, size=w.size, host=socket.gethostname(), node=node.size,
-                   local=os.environ.get('MPI_LOCALRANKID'), sum=float(b[0])), f)
+                   local=os.environ.get('MPI_LOCALRANKID'), sum=float(b[0]), secs=secs), f)
 '''
 
 
@@ -58,7 +62,7 @@ def ours():
 def test_ranks_placed_per_host_and_data_crosses_the_link(tmp_path):
     probe = tmp_path / 'probe.py'
     probe.write_text(PROBE)
-    with EmulatedHosts(hosts=2, ranks_per_host=2) as eh:
+    with EmulatedHosts(hosts=2, ranks_per_host=2, rate=RATE) as eh:
         assert open(eh.hostfile).read() == 'tmxh0:2\ntmxh1:2\n'
         before = eh.link_bytes(0)
         res = subprocess.run([eh.mpiexec, '-n', '4', '-f', eh.hostfile, sys.executable,
@@ -79,6 +83,21 @@ def test_ranks_placed_per_host_and_data_crosses_the_link(tmp_path):
     # the buffer's size each way per allreduce (measured: about 1.0x each way)
     into, out_of = after[0] - before[0], after[1] - before[1]
     assert min(into, out_of) >= REPEATS * ALLREDUCE_BYTES, (into, out_of)
+    # ... through the tbf: no faster than the rate allows (a burst of 256 kB aside)
+    bound = REPEATS * ALLREDUCE_BYTES / RATE_BYTES_S
+    assert min(r['secs'] for r in ranks) >= 0.9 * bound, (ranks, bound)
+
+
+def test_the_command_line(tmp_path):
+    """``python -m ...emulated_hosts -- CMD``: CMD sees the hostfile and the mpiexec."""
+    script = ('cat "$TMX_HOSTFILE"; "$THEANOMPI_EXT_MPIEXEC" -n 2 -f "$TMX_HOSTFILE" '
+              'hostname | sort')
+    res = subprocess.run([sys.executable, '-m', 'theanompi_ext.launch.emulated_hosts',
+                          '--hosts', '2', '--ranks', '1', '--', 'sh', '-c', script],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.split() == ['tmxh0:1', 'tmxh1:1', 'tmxh0', 'tmxh1']
+    assert 'tmxh0=10.77.0.1' in res.stderr and not ours()
 
 
 def test_cut_and_restore_a_link(tmp_path):
