@@ -20,7 +20,7 @@ from support.paths import ROOT
 from support.procs import alive
 from theanompi_ext.launch.emulated_hosts import (PREFIX, EmulatedHosts, cleanup_stale,
                                                  hosts_problem)
-from theanompi_ext.launch.emulated_network import namespaces
+from theanompi_ext.launch.emulated_network import NetworkSetupError, namespaces
 
 pytestmark = pytest.mark.root
 
@@ -152,6 +152,9 @@ def test_nothing_left_after_exit_or_exception():
         folder, made = eh.folder, ours()
         reaper = eh._reaper.pid
         assert len(made) == 3 and os.path.exists(eh.mpiexec)
+        with pytest.raises(NetworkSetupError, match='emulated hosts already'):
+            EmulatedHosts(hosts=2).__enter__()       # one set per process, the first intact
+        assert ours() == made
     assert ours() == before and not os.path.exists(folder) and not alive(reaper)
     with pytest.raises(RuntimeError):
         with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
@@ -219,3 +222,22 @@ def _pids_in(prefix):
                                  text=True).stdout
             pids += [int(p) for p in out.split()]
     return pids
+
+
+def test_delay_or_why_not(tmp_path):
+    """``delay`` adds its time to a round trip between hosts, or, where the kernel
+    has no netem (this machine's), refuses with that reason and leaves nothing."""
+    rtt = ('import socket, sys, time\n'
+           't = time.perf_counter()\n'
+           'try: socket.create_connection((sys.argv[1], 9), timeout=2.0)\n'
+           'except ConnectionRefusedError: pass\n'
+           'print(time.perf_counter() - t)\n')
+    try:
+        with EmulatedHosts(hosts=2, ranks_per_host=1, delay='50ms') as eh:
+            out = subprocess.run(['ip', 'netns', 'exec', eh.namespace(0), sys.executable, '-c',
+                                  rtt, eh.address(1)], capture_output=True, text=True,
+                                 timeout=30).stdout
+            assert float(out) >= 0.09          # SYN out of host 0, RST out of host 1
+    except NetworkSetupError as exc:
+        assert 'netem' in str(exc)
+    assert not ours()

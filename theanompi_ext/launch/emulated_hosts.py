@@ -192,6 +192,10 @@ class EmulatedHosts(object):
         if problem:
             raise NetworkSetupError(problem)
         cleanup_stale()
+        if owned_namespaces(os.getpid()):
+            # the names are per process: a second set would take the first one's
+            raise NetworkSetupError('this process has emulated hosts already: one set '
+                                    'per process at a time')
         self.folder = tempfile.mkdtemp(prefix=PREFIX + '-')
         try:
             self._start_reaper()
