@@ -348,11 +348,15 @@ def main(argv=None):
                 ', '.join('%s=%s' % (h, eh.address(h)) for h in eh.hosts), eh.hostfile,
                 eh.mpiexec), file=sys.stderr, flush=True)
             proc = subprocess.Popen(cmd, env=eh.env())
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                proc.wait()
-                return 130
+            # SIGTERM/SIGHUP go on to the command (Ctrl-C reaches it by itself); the
+            # hosts are removed once it has ended
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+            while True:
+                try:
+                    return proc.wait()
+                except KeyboardInterrupt:
+                    continue
     except NetworkSetupError as exc:
         print('emulated hosts: %s' % exc, file=sys.stderr)
         return 2
