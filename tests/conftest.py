@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from theanompi_ext.launch.mpiexec import MPI_ENV_DEFAULTS
 from support.opencl import OPENCL_DEVICE, opencl_unavailable
 from support.paths import ROOT
 from support.procs import run_mpi
@@ -15,6 +16,10 @@ os.environ.setdefault('THEANOMPI_EXT_CACHE', os.path.join(ROOT, '.cache', 'thean
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 os.environ.setdefault('POCL_CACHE_DIR', os.path.join(ROOT, '.cache', 'pocl'))
+# The tests also start mpiexec themselves, as a user would: with what the
+# project gives its own mpiexec (Open MPI run as root, docs/openmpi.md).
+for _var, _value in MPI_ENV_DEFAULTS.items():
+    os.environ.setdefault(_var, _value)
 
 
 def pytest_collection_modifyitems(config, items):

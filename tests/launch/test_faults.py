@@ -86,13 +86,14 @@ def test_exception_on_one_rank_aborts_every_rank(tmp_path):
 
 def test_rank_exiting_0_mid_run_is_not_success(tmp_path):
     """hydra reports success (status 0) most of the time when a rank calls exit(0)
-    mid-run; the launcher sees the rank never finished."""
+    mid-run, Open MPI status 1 with a text of its own; the launcher sees the rank
+    never finished and says so with status 3."""
     rc, out, err, _ = run_fault(tmp_path, 'exit0', launcher=True)
     print('\nexit(0) of rank 1 mid-run -> status %d' % rc)
     assert rc != 0, err[-3000:]
     if rc == 3:
-        assert re.search(r'ended without finishing training although mpiexec reported '
-                         r'success', err), err
+        assert re.search(r'rank 1 \(pid \d+ on \S+\) of 2 ended without finishing training '
+                         r'.*; the run is incomplete \(exit status 3\)', err), err
     assert not (tmp_path / 'summary0.json').exists()
 
 
@@ -267,6 +268,52 @@ def test_launcher_report_maps_pid_to_rank():
     # ... unless rank 0 had finished normally (its exit was not a death)
     done0 = {0: (17435, 'node7', 'done 0'), 1: (17436, 'node7', 'running')}
     assert 'rank 1 of 2 (pid 17436' in explain(9, rep, done0, 2, first_exit=0)[0]
+
+
+# Open MPI 5.0.11's prterun (standard error), wrapped where its names put the line end.
+OPENMPI_SIGNAL = b"""--------------------------------------------------------------------------
+prterun noticed that process rank 1 with PID 12109 on node vm exited on
+signal 9 (Killed).
+--------------------------------------------------------------------------
+"""
+OPENMPI_IMPROPER = b"""--------------------------------------------------------------------------
+prterun has exited due to process rank 1 with PID 13736 on node a-longer-host-name
+exiting improperly. There are three reasons this could occur:
+
+1. this process did not call "init" before exiting, but others in the
+"""
+
+
+def _report(text):
+    from theanompi_ext.launch.postmortem import LauncherReport
+    rep = LauncherReport()
+    for line in text.splitlines(True):
+        rep.feed(line)
+    return rep
+
+
+def test_openmpi_report_is_told_like_hydras():
+    """Open MPI names the rank and exits 128 + N for a rank killed by signal N: the
+    launcher says the same as under hydra, with hydra's status N (129-143 stay the
+    launcher's own stop); a rank gone without MPI_Finalize is an unfinished run."""
+    from theanompi_ext.launch.postmortem import explain
+    rep = _report(OPENMPI_SIGNAL)
+    assert (rep.rank, rep.pid, rep.host, rep.signal) == (1, 12109, 'vm', 9)
+    notes = {0: (12108, 'vm', 'running'), 1: (12109, 'vm', 'running')}
+    msg, status = explain(137, rep, notes, 2)
+    assert status == 9
+    assert 'rank 1 of 2 (pid 12109 on vm) died: Killed (signal 9); mpiexec stopped' in msg
+    # no notes (it died before writing one): Open MPI's rank number still names it
+    assert 'rank 1 of 2 (pid 12109 on vm) died' in explain(137, rep, {}, 2)[0]
+    rep = _report(OPENMPI_IMPROPER)
+    assert rep.unfinished and (rep.rank, rep.pid) == (1, 13736)
+    notes = {0: (13735, 'h', 'running'), 1: (13736, 'h', 'running')}
+    msg, status = explain(1, rep, notes, 2)
+    assert status == 3 and re.search(
+        r'rank 1 \(pid 13736 on a-longer-host-name\) of 2 ended without finishing training '
+        r'.*; the run is incomplete \(exit status 3\)', msg), msg
+    # a rank that had finished training: nothing to add to Open MPI's status
+    assert explain(1, rep, {**notes, 1: (13736, 'h', 'done 0')}, 2) == (None, 1)
 
 
 def test_exit_order_sees_which_rank_exited_first(tmp_path):

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from theanompi_ext.launch.mpiexec import mpiexec_command
 from support.paths import MPI_DIR
 
 JOB_TIMEOUT = 240
@@ -24,9 +25,10 @@ def mpiexec():
 
 
 def mpi_cmd(nprocs, script, *args):
-    """The command line running tests/mpi/<script> on ``nprocs`` ranks."""
-    return [mpiexec(), '-n', str(nprocs), sys.executable,
-            os.path.join(MPI_DIR, script)] + [str(a) for a in args]
+    """The command line running tests/mpi/<script> on ``nprocs`` ranks, as the
+    launcher writes it (Open MPI: ``--oversubscribe``, more ranks than cores)."""
+    return mpiexec_command(nprocs, [sys.executable, os.path.join(MPI_DIR, script)]
+                           + [str(a) for a in args], mpiexec=mpiexec())
 
 
 def explained(cmd, size):

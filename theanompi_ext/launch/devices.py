@@ -26,6 +26,6 @@ def remote_hosts(pairs):
 
 def host_args(hosts, mpiexec):
     """mpiexec arguments placing ``[(host, ranks), ...]`` in order (MPICH or Open MPI)."""
-    from .mpiexec import _is_openmpi
+    from .mpiexec import is_openmpi
     spec = ','.join('%s:%d' % (h, n) for h, n in hosts)
-    return ['--host', spec] if _is_openmpi(mpiexec) else ['-hosts', spec]
+    return ['--host', spec] if is_openmpi(mpiexec) else ['-hosts', spec]

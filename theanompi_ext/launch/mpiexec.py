@@ -4,6 +4,7 @@ The ``mpiexec`` next to the running Python (the ``mpich`` wheel puts it in
 the venv's ``bin/``) is preferred over one on ``PATH``, so the launcher and
 mpi4py use the same MPI; ``THEANOMPI_EXT_MPIEXEC`` overrides both.
 """
+import functools
 import os
 import shutil
 import signal
@@ -15,6 +16,11 @@ from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, BadInput
 
 #: The environment variable that names the mpiexec to use.
 MPIEXEC_VAR = 'THEANOMPI_EXT_MPIEXEC'
+
+#: What every mpiexec the project starts gets in its environment unless the
+#: user set it. Open MPI's mpiexec refuses to run as root without these (a
+#: container's user often is root); MPICH ignores them.
+MPI_ENV_DEFAULTS = {'OMPI_ALLOW_RUN_AS_ROOT': '1', 'OMPI_ALLOW_RUN_AS_ROOT_CONFIRM': '1'}
 
 
 def find_mpiexec():
@@ -39,7 +45,9 @@ def find_mpiexec():
     return found
 
 
-def _is_openmpi(mpiexec):
+@functools.lru_cache(maxsize=None)
+def is_openmpi(mpiexec):
+    """Whether ``mpiexec`` is Open MPI's (asked once per path: ``--version``)."""
     try:
         out = subprocess.run([mpiexec, '--version'], capture_output=True, text=True,
                              timeout=10).stdout
@@ -54,7 +62,7 @@ def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=()):
         raise ValueError('workers must be >= 1, got %r' % (nprocs,))
     mpiexec = mpiexec or find_mpiexec()
     cmd = [mpiexec, '-n', str(int(nprocs))]
-    if _is_openmpi(mpiexec):
+    if is_openmpi(mpiexec):
         cmd += ['--oversubscribe']
         if hostfile:
             cmd += ['--hostfile', hostfile]
@@ -69,9 +77,8 @@ def child_env(threads_per_rank=1):
     env = dict(os.environ)
     for var in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
         env.setdefault(var, str(threads_per_rank))
-    # Open MPI refuses root without these; harmless elsewhere.
-    env.setdefault('OMPI_ALLOW_RUN_AS_ROOT', '1')
-    env.setdefault('OMPI_ALLOW_RUN_AS_ROOT_CONFIRM', '1')
+    for var, value in MPI_ENV_DEFAULTS.items():
+        env.setdefault(var, value)
     return env
 
 

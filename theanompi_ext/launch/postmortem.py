@@ -1,24 +1,17 @@
 """Run mpiexec and, when the job ends badly, say which rank died and how.
 
-MPICH's hydra ends the whole job within ~0.1 s when a rank is killed
-(SIGKILL, the OOM killer, a segfault), but its report names only the PID
-and host::
-
-    =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
-    =   PID 17436 RUNNING AT node7
-    =   EXIT CODE: 9
-    YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
-
-:func:`run_explained` passes the job's standard output through (standard
-error is untouched), recognises that report, and maps the PID to a rank
-using the notes each rank leaves (:mod:`theanompi_ext.launch.rank_notes`). It
-also catches the one silent case measured: a rank that exits with status 0
-in the middle of training (``os._exit(0)`` in some library) makes hydra end
-the job with status 0 most of the time; a rank whose note still says
-``running`` turns that into status 3.
+MPICH's hydra and Open MPI both end the whole job within ~0.3 s when a rank
+is killed (SIGKILL, the OOM killer, a segfault), each with a report of its
+own (``launch/launcher_report.py``; hydra names only the PID and host).
+:func:`run_explained` passes the job's standard output and error through,
+recognises either report, and maps the process to a rank using the notes
+each rank leaves (:mod:`theanompi_ext.launch.rank_notes`). It also catches
+the one silent case measured: a rank that exits with status 0 in the middle
+of training (``os._exit(0)`` in some library) makes hydra end the job with
+status 0 most of the time (Open MPI with status 1 and a long text); a rank
+whose note still says ``running`` turns that into status 3.
 """
 import os
-import re
 import select
 import shutil
 import signal
@@ -29,36 +22,14 @@ import threading
 import time
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
-from .mpiexec import child_env, popen_job
+from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
+from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-_PID = re.compile(rb'=\s+PID (\d+) RUNNING AT (\S+)')
-_CODE = re.compile(rb'=\s+EXIT CODE: (\d+)')
-_STRING = re.compile(rb'TERMINATED WITH THE EXIT STRING: (.*)')
-
-
-class LauncherReport(object):
-    """What the launcher said about a process that ended badly (hydra's format)."""
-
-    def __init__(self):
-        self.pid = self.host = self.code = self.exit_string = None
-
-    def feed(self, line):
-        """Look at one line of the job's output."""
-        m = _PID.search(line)
-        if m and self.pid is None:
-            self.pid, self.host = int(m.group(1)), m.group(2).decode('utf-8', 'replace')
-        m = _CODE.search(line)
-        if m and self.code is None:
-            self.code = int(m.group(1))
-        m = _STRING.search(line)
-        if m and self.exit_string is None:
-            self.exit_string = m.group(1).decode('utf-8', 'replace').strip()
 
 
 class ExitOrder(threading.Thread):
@@ -114,13 +85,19 @@ class ExitOrder(threading.Thread):
         return self.exits[0][1]
 
 
+def _unfinished(who, of, why):
+    return ('theanompi-ext: %s%s ended without finishing training %s; the run is '
+            'incomplete (exit status %d)' % (who, of, why, EXIT_FAILED)), EXIT_FAILED
+
+
 def explain(status, report, notes, size=None, first_exit=None):
     """(message or None, exit status) for a finished job.
 
-    ``report`` is a :class:`LauncherReport`, ``notes`` the ranks' notes
-    (``{rank: (pid, host, state)}``), ``size`` the number of ranks started,
-    ``first_exit`` the rank seen to exit first (:class:`ExitOrder`), which
-    wins over hydra's PID when it is a rank that was still running.
+    ``report`` is a :class:`~.launcher_report.LauncherReport`, ``notes`` the
+    ranks' notes (``{rank: (pid, host, state)}``), ``size`` the number of
+    ranks started, ``first_exit`` the rank seen to exit first
+    (:class:`ExitOrder`), which wins over the launcher's PID when it is a
+    rank that was still running.
     """
     of = ' of %d' % size if size else ''
     if status == 0:
@@ -129,17 +106,28 @@ def explain(status, report, notes, size=None, first_exit=None):
             return None, EXIT_OK
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
                         for r in vanished)
-        return ('theanompi-ext: %s%s ended without finishing training although mpiexec '
-                'reported success; the run is incomplete (exit status %d)'
-                % (who, of, EXIT_FAILED)), EXIT_FAILED
+        return _unfinished(who, of, 'although mpiexec reported success')
     if report.pid is None:
         return None, status      # a rank's own message (failed / timeout) says it all
     pid, host = report.pid, report.host
-    rank = next((r for r, (p, _, _) in notes.items() if p == pid), None)
+    rank = next((r for r, (p, _, _) in notes.items() if p == pid), report.rank)
+    if not pid and rank in notes:          # Open MPI 4.x may say "PID 0"
+        pid, host = notes[rank][0], notes[rank][1]
+    if report.unfinished:
+        # Open MPI: a rank ended without MPI_Finalize; one that had not finished
+        # training is the silent case above, told the same way
+        if rank is None or notes.get(rank, (0, '', 'running'))[2] != 'running':
+            return None, status
+        return _unfinished('rank %d (pid %d on %s)' % (rank, pid, host), of,
+                           '(it exited without finalizing MPI; mpiexec status %d)' % status)
     if first_exit is not None and first_exit != rank and \
             notes.get(first_exit, (0, '', ''))[2] == 'running':
         rank = first_exit
         pid, host = notes[rank][0], notes[rank][1]
+    if report.signal and status == EXIT_SIGNAL_BASE + report.signal:
+        # Open MPI exits 128 + N for a rank killed by signal N, hydra N: N under
+        # both, so that 128 + N keeps meaning "the launcher was stopped"
+        status = report.signal
     who = ('rank %d%s (pid %d on %s)' % (rank, of, pid, host) if rank is not None
            else 'a rank (pid %d on %s; its rank is unknown: it died before reporting)'
            % (pid, host))
@@ -191,34 +179,52 @@ def _gone(pid):
         return True
 
 
-def stop_job(proc, notes_folder, grace=STOP_GRACE_S):
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_until(deadline, done):
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.02)
+
+
+def stop_job(proc, notes_folder, grace=STOP_GRACE_S, openmpi=False):
     """End the job of mpiexec ``proc`` and every rank of this host, within ``grace`` s + 1.
 
     SIGTERM to mpiexec's process group (hydra forwards it to every rank) and
     to each local rank directly, with SIGCONT for stopped ones; whatever is
     alive after ``grace`` is SIGKILLed: mpiexec, the ranks, and hydra's
     proxies (each in a session of its own, so no process group reaches them).
+
+    ``openmpi``: Open MPI's mpiexec answers SIGTERM with a sequence of its
+    own, SIGCONT, SIGTERM 0.25 s later and SIGKILL 0.25 s after that
+    (measured, Open MPI 5.0.11; not configurable), too short for a checkpoint
+    write that holds SIGTERM (``files/signals.py``). So the ranks of this
+    host get SIGTERM first, and mpiexec (for the ranks of other hosts) once
+    they have ended or the grace is over.
     """
     host = socket.gethostname()
     ranks = [pid for pid, h, _ in read_rank_notes(notes_folder).values() if h == host]
     proxies = {p for p in (_parent_of(pid) for pid in ranks) if p and p != proc.pid
                and p != os.getpid() and p != 1}
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
+    ranks_first = openmpi and bool(ranks)
+    if not ranks_first:
+        _signal_group(proc, signal.SIGTERM)
     for pid in ranks:
         _kill(pid, signal.SIGTERM)
         _kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and not (proc.poll() is not None and
-                                               all(_gone(p) for p in ranks)):
-        time.sleep(0.02)
+    if ranks_first:
+        _wait_until(deadline, lambda: all(_gone(p) for p in ranks))
+        _signal_group(proc, signal.SIGTERM)
+        # mpiexec itself gets at least a second to end the other hosts' ranks
+        deadline = max(deadline, time.monotonic() + 1.0)
+    _wait_until(deadline, lambda: proc.poll() is not None and all(_gone(p) for p in ranks))
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal_group(proc, signal.SIGKILL)
     for pid in ranks + sorted(proxies):
         if not _gone(pid):
             _kill(pid, signal.SIGKILL)
@@ -231,6 +237,19 @@ def _drain(stream):
                      daemon=True).start()
 
 
+def _pass_through(stream, dest, report):
+    """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
+    line, showing each line to ``report``; returns at the end of the stream."""
+    raw = getattr(dest, 'buffer', None)
+    for line in iter(stream.readline, b''):
+        if raw is not None:
+            raw.write(line)
+        else:
+            dest.write(line.decode('utf-8', 'replace'))
+        dest.flush()
+        report.feed(line)
+
+
 def run_explained(cmd, env=None, size=None):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
@@ -239,27 +258,28 @@ def run_explained(cmd, env=None, size=None):
     mpiexec gets SIGKILL from the kernel and the ranks follow
     (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
     Returns the exit status (see :mod:`theanompi_ext.errors`).
+
+    Both streams pass through: hydra writes its report on standard output,
+    Open MPI on standard error (each read with a report of its own).
     """
     folder = make_ranks_folder()
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
-    report = LauncherReport()
+    out_report, err_report = LauncherReport(), LauncherReport()
     watch = ExitOrder(folder, size or 0)
-    out = getattr(sys.stdout, 'buffer', None)
     old_handlers = _catch_stop_signals()
     proc = None
     try:
-        proc = popen_job(cmd, env, stdout=subprocess.PIPE)
+        proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
+                                  args=(proc.stderr, sys.stderr, err_report))
+        err_thread.start()
         watch.start()
-        for line in iter(proc.stdout.readline, b''):
-            if out is not None:
-                out.write(line)
-            else:
-                sys.stdout.write(line.decode('utf-8', 'replace'))
-            sys.stdout.flush()
-            report.feed(line)
+        _pass_through(proc.stdout, sys.stdout, out_report)
         status = proc.wait()
+        err_thread.join()
         watch.stop()
+        report = out_report if out_report.pid is not None else err_report
         message, status = explain(status, report, read_rank_notes(folder), size,
                                   first_exit=watch.first())
         if message:
@@ -273,7 +293,7 @@ def run_explained(cmd, env=None, size=None):
             signal.signal(sig, signal.SIG_IGN)
         if proc is not None:
             _drain(proc.stdout)
-            stop_job(proc, folder)
+            stop_job(proc, folder, openmpi=is_openmpi(cmd[0]))
         watch.stop()
         sys.stderr.write('theanompi-ext: stopped by %s: every rank of the job ended '
                          '(exit status %d)\n' % (signal.Signals(signum).name,

@@ -1,0 +1,93 @@
+"""What mpiexec printed about a rank that ended badly: MPICH's hydra or Open MPI.
+
+Read line by line from the job's output by ``launch/postmortem.py``, which
+turns it into the project's own message and exit status.
+
+MPICH's hydra (on standard output) names the PID and host, not the rank::
+
+    =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+    =   PID 17436 RUNNING AT node7
+    =   EXIT CODE: 9
+    YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
+
+Open MPI (``prterun``, or ``mpirun`` in 4.x; on standard error, wrapped at
+about 72 columns wherever the names fall) names the rank::
+
+    prterun noticed that process rank 1 with PID 12109 on node vm exited on
+    signal 9 (Killed).
+
+and, for a rank that ended without ``MPI_Finalize`` (``os._exit(0)`` in
+some library, which hydra mostly reports as success)::
+
+    prterun has exited due to process rank 1 with PID 13736 on node vm exiting
+    improperly. There are three reasons this could occur: ...
+
+Open MPI's own exit status for a rank killed by signal N is 128 + N where
+hydra's is N; :attr:`LauncherReport.signal` lets the launcher give the same
+status under both (``theanompi_ext/errors.py``).
+"""
+import re
+
+_HYDRA_PID = re.compile(rb'=\s+PID (\d+) RUNNING AT (\S+)')
+_HYDRA_CODE = re.compile(rb'=\s+EXIT CODE: (\d+)')
+_HYDRA_STRING = re.compile(rb'TERMINATED WITH THE EXIT STRING: (.*)')
+_HYDRA_SIGNAL = re.compile(r'\(signal (\d+)\)')
+
+_OMPI_PROCESS = rb'process rank (\d+) with PID (\d+) on node (\S+) '
+_OMPI_SIGNAL = re.compile(_OMPI_PROCESS + rb'exited on signal (\d+) \(([^)]*)\)')
+_OMPI_IMPROPER = re.compile(_OMPI_PROCESS + rb'exiting improperly')
+#: Lines of Open MPI's text joined before matching: its sentences wrap.
+_OMPI_WINDOW = 3
+
+
+def _text(raw):
+    return raw.decode('utf-8', 'replace').strip()
+
+
+class LauncherReport(object):
+    """What the launcher said about the first process that ended badly.
+
+    ``pid``, ``host``: the process (hydra and Open MPI); ``rank``: its rank
+    where the launcher names it (Open MPI; PID 0 there means unknown);
+    ``code``, ``exit_string``: how it ended, in hydra's words (``Killed
+    (signal 9)``, Open MPI's turned into them); ``signal``: the signal that
+    killed it, if one did; ``unfinished``: it ended without finalizing MPI
+    (Open MPI's "exiting improperly").
+    """
+
+    def __init__(self):
+        self.pid = self.host = self.rank = self.code = self.exit_string = None
+        self.signal = None
+        self.unfinished = False
+        self._window = []
+
+    def feed(self, line):
+        """Look at one line (bytes) of the job's output, standard output or error."""
+        self._feed_hydra(line)
+        self._window = (self._window + [line.strip()])[-_OMPI_WINDOW:]
+        if self.pid is None:
+            self._feed_openmpi(b' '.join(self._window))
+
+    def _feed_hydra(self, line):
+        m = _HYDRA_PID.search(line)
+        if m and self.pid is None:
+            self.pid, self.host = int(m.group(1)), _text(m.group(2))
+        m = _HYDRA_CODE.search(line)
+        if m and self.code is None:
+            self.code = int(m.group(1))
+        m = _HYDRA_STRING.search(line)
+        if m and self.exit_string is None:
+            self.exit_string = _text(m.group(1))
+            sig = _HYDRA_SIGNAL.search(self.exit_string)
+            self.signal = int(sig.group(1)) if sig else None
+
+    def _feed_openmpi(self, text):
+        m = _OMPI_SIGNAL.search(text) or _OMPI_IMPROPER.search(text)
+        if not m:
+            return
+        self.rank, self.pid, self.host = int(m.group(1)), int(m.group(2)), _text(m.group(3))
+        if m.re is _OMPI_SIGNAL:
+            self.signal = self.code = int(m.group(4))
+            self.exit_string = '%s (signal %d)' % (_text(m.group(5)), self.signal)
+        else:
+            self.unfinished = True
