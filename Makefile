@@ -27,7 +27,7 @@ export POCL_CACHE_DIR := $(CURDIR)/.cache/pocl
 GPU_APT := python3-pygpu=0.7.6-13+b1 libgpuarray-dev=0.7.6-13+b1 \
            libgpuarray3=0.7.6-13+b1 pocl-opencl-icd=3.1-3+deb12u1
 
-.PHONY: install demo test clean gpu-deps bench-deps
+.PHONY: install demo test test-openmpi clean gpu-deps bench-deps
 
 install: $(STAMP)
 
@@ -47,6 +47,13 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The multi-rank tests that matter under Open MPI, in a venv of their own
+# (tests/openmpi_suite.txt says which and why; docs/openmpi.md).
+test-openmpi:
+	$(MAKE) install MPI=openmpi
+	env -u THEANOMPI_EXT_MPIEXEC .venv-openmpi/bin/python -m pytest -q \
+	    $$(grep -v -e '^#' -e '^$$' tests/openmpi_suite.txt)
 
 # PyTorch for `bench compare` (the [bench] extra), under the same pins.
 bench-deps: install
