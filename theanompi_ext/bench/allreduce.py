@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from ..collective.world import import_mpi
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_FAILED, EXIT_OK
 from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
 from .common import add_common_options, rank_main, run_job
@@ -191,8 +192,8 @@ def measure(spec, raw_comm=None):
     ``raw_comm`` is the mpi4py communicator (COMM_WORLD by default); the
     communication layer's :class:`MPICommunicator` is built over the same one.
     """
-    from mpi4py import MPI
     from ..collective.mpi import MPICommunicator, library_version
+    MPI = import_mpi()
     comm = raw_comm if raw_comm is not None else MPI.COMM_WORLD
     ours = MPICommunicator(comm)
     p = comm.Get_size()
@@ -252,8 +253,7 @@ def _iterations(comm, call, block_s):
 
 
 def _max():
-    from mpi4py import MPI
-    return MPI.MAX
+    return import_mpi().MAX
 
 
 def _guarded_measure(spec):
@@ -265,7 +265,7 @@ def _guarded_measure(spec):
 
     def run():
         res = measure(spec)
-        from mpi4py import MPI
+        MPI = import_mpi()
         box['res'] = res if MPI.COMM_WORLD.Get_rank() == 0 else {}
     status = guarded(run)
     return box.get('res') if status == 0 else None

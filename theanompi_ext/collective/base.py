@@ -19,6 +19,7 @@ import threading
 import time
 
 from ..errors import CollectiveTimeout
+from .world import import_mpi
 
 #: What :meth:`Communicator.allreduce` can reduce with.
 REDUCE_OPS = ('sum', 'max', 'min')
@@ -246,7 +247,7 @@ class ObjectsOverMPI(object):
         check_buffer(buf)
         check_op(op)
         if self.comm.Get_size() > 1:
-            from mpi4py import MPI
+            MPI = import_mpi()
             self.comm.Allreduce(MPI.IN_PLACE, buf,
                                 op={'sum': MPI.SUM, 'max': MPI.MAX, 'min': MPI.MIN}[op])
         return buf

@@ -33,6 +33,7 @@ from .base import (Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_
                    check_op, check_timeout, check_wire, wait_test)
 from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, WireTransfer, wire_allreduce, free_ops
 from .wire import WIRE_DTYPES
+from .world import import_mpi
 from ..errors import WireOverflow
 
 
@@ -61,8 +62,7 @@ DEFAULT_THREAD_POLL_US = 0
 
 
 def _mpi():
-    from mpi4py import MPI
-    return MPI
+    return import_mpi()
 
 
 class MPICommunicator(ObjectsOverMPI, Communicator):
@@ -317,7 +317,8 @@ def mpi4py_version():
 
 def library_version():
     """First line of the MPI library's version string."""
-    return _mpi().Get_library_version().strip().splitlines()[0].strip()
+    # Open MPI's string ends in a NUL byte (5.0.11 through mpi4py 4.1.2)
+    return _mpi().Get_library_version().replace('\0', '').strip().splitlines()[0].strip()
 
 
 def thread_level():

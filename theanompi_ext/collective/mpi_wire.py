@@ -26,6 +26,7 @@ encoded in the 16-bit copy.
 import numpy as np
 
 from ..errors import WireOverflow
+from .world import import_mpi
 from .wire import (check_wire_dtype, chunk_counts, decode, encode, nonfinite_count,
                    sum_encoded, describe_overflow)
 
@@ -34,8 +35,7 @@ DEFAULT_WIRE_METHOD = 'asa'
 
 
 def _MPI():
-    from mpi4py import MPI
-    return MPI
+    return import_mpi()
 
 
 def check_wire_method(method):

@@ -78,8 +78,8 @@ def available_backends():
     child processes (``cli/checks.py``)."""
     out = [('local', True, 'always')]
     try:
-        from mpi4py import MPI
-        out.append(('mpi', True, MPI.Get_library_version().splitlines()[0].strip()))
+        from .mpi import library_version
+        out.append(('mpi', True, library_version()))
     except Exception as exc:
         out.append(('mpi', False, 'mpi4py unusable: %s' % exc))
     try:

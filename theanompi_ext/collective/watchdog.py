@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import EXIT_TIMEOUT
 from .base import Communicator
+from .world import import_mpi
 
 _MSG_BYTES = 128
 _NUMS = 8                     # int64 header fields, then the label bytes
@@ -329,7 +330,7 @@ class Watchdog(object):
         """Answer pending questions; collect answers to our current inquiry."""
         if self._chan is None:
             return
-        from mpi4py import MPI
+        MPI = import_mpi()
         status = MPI.Status()
         while self._chan.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=status):
             buf = np.empty(_MSG_BYTES, np.uint8)
@@ -412,7 +413,7 @@ class _Bounded(object):
 
 def _thread_multiple():
     # The watchdog thread calls MPI while the main thread is inside MPI.
-    from mpi4py import MPI
+    MPI = import_mpi()
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 

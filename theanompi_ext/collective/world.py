@@ -8,6 +8,7 @@ MPI`` raises there. :func:`world_comm` then returns a :class:`OneRankWorld`
 instead, unless an MPI launcher started the process: several ranks each
 carrying on alone would train as many separate models, so that is an error.
 """
+import contextlib
 import os
 import sys
 
@@ -22,6 +23,13 @@ LOCAL_RANK_VARS = ('OMPI_COMM_WORLD_LOCAL_RANK', 'MPI_LOCALRANKID', 'MV2_COMM_WO
 
 MPI_HINT = ('install an MPI for mpi4py (pip install mpich) or build mpi4py against '
             "the site's MPI (README, \"Pinned stack\")")
+
+#: MCA settings for a process that starts MPI alone, outside any launcher (MPI's
+#: singleton: ``theanompi-ext info``, ``train --workers 1``, a test): Open MPI
+#: 5.0.11 leaves a 16 MB shared-memory segment in /dev/shm behind each such
+#: process (measured), which it only creates to talk to peers it does not have.
+#: MPICH ignores them; a value the user set wins.
+SINGLETON_ENV = {'OMPI_MCA_btl': 'self'}
 
 
 def in_mpi_job(environ=None):
@@ -117,6 +125,34 @@ class OneRankWorld(object):
         return 'OneRankWorld()'
 
 
+@contextlib.contextmanager
+def starting_mpi():
+    """Around whatever may start MPI: ``from mpi4py import MPI``, and importing
+    Theano (``theano/tensor/io.py`` imports it).
+
+    Outside an MPI job, MPI starts with :data:`SINGLETON_ENV`, taken out of
+    the environment again once MPI has read it, so that no launcher this
+    process starts hands it to its ranks.
+    """
+    added = [] if in_mpi_job() or 'mpi4py.MPI' in sys.modules else \
+        [k for k in SINGLETON_ENV if k not in os.environ]
+    for key in added:
+        os.environ[key] = SINGLETON_ENV[key]
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def import_mpi():
+    """mpi4py's ``MPI`` module, MPI started (:func:`starting_mpi`); the package's
+    one import of it."""
+    with starting_mpi():
+        from mpi4py import MPI
+    return MPI
+
+
 def world_comm():
     """``MPI.COMM_WORLD``, or a :class:`OneRankWorld` when MPI cannot load.
 
@@ -124,8 +160,7 @@ def world_comm():
     an MPI launcher started this process.
     """
     try:
-        from mpi4py import MPI
-        return MPI.COMM_WORLD
+        return import_mpi().COMM_WORLD
     except Exception as exc:   # ImportError, or mpi4py's "cannot load MPI library"
         if in_mpi_job():
             raise RuntimeError('started by an MPI launcher, but mpi4py cannot load MPI '

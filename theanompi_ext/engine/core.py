@@ -60,7 +60,8 @@ def _configure_and_import():
         # pocl's CPU device: one thread per rank unless told (as for BLAS).
         if os.environ.get('OMP_NUM_THREADS'):
             os.environ.setdefault('POCL_MAX_PTHREAD_COUNT', os.environ['OMP_NUM_THREADS'])
-    with warnings.catch_warnings():
+    from ..collective.world import starting_mpi   # Theano's import starts MPI
+    with warnings.catch_warnings(), starting_mpi():
         warnings.simplefilter('ignore')
         import theano as _theano
         import theano.tensor as _T

@@ -8,7 +8,7 @@ A *network setting* is what ``--network`` takes, parsed into a
 ``tbf:RATE``     e.g. ``tbf:200mbit``: the ranks run inside a fresh network
                  namespace whose loopback is rate-limited by the ``tbf``
                  queueing discipline (:class:`RateLimitedNamespace`), and
-                 MPICH is forced onto TCP (:data:`TCP_ENV`), emulating a
+                 MPI (MPICH or Open MPI) is forced onto TCP (:data:`TCP_ENV`), emulating a
                  network that moves bytes without the CPU. Needs root and
                  ``ip``/``tc`` (iproute2, :func:`netns_problem` says what is
                  missing).
@@ -19,6 +19,7 @@ By hand, a ``tbf`` job is::
     ip netns exec NAME ip link set lo up
     ip netns exec NAME tc qdisc add dev lo root tbf rate RATE burst 256kb latency 50ms
     ip netns exec NAME env MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp mpiexec ...
+    (Open MPI: env OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo)
     ip netns del NAME
 
 :func:`run_on_network` is that sequence, written once for every benchmark:
@@ -39,9 +40,12 @@ from collections import namedtuple
 
 from .mpiexec import popen_job, wait_job
 
-# MPICH over TCP even between ranks of one machine (it would use shared
-# memory otherwise, and the shaped loopback would carry nothing).
-TCP_ENV = {'MPIR_CVAR_NOLOCAL': '1', 'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp'}
+# MPI over TCP even between ranks of one machine (it would use shared memory
+# otherwise, and the shaped loopback would carry nothing): MPICH's variables,
+# then Open MPI's (its TCP transport leaves out the loopback unless told; each
+# MPI ignores the other's).
+TCP_ENV = {'MPIR_CVAR_NOLOCAL': '1', 'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp',
+           'OMPI_MCA_pml': 'ob1', 'OMPI_MCA_btl': 'tcp,self', 'OMPI_MCA_btl_tcp_if_include': 'lo'}
 # The tbf shaping besides the rate (tc units).
 DEFAULT_BURST = '256kb'
 DEFAULT_LATENCY = '50ms'

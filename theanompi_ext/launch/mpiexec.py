@@ -22,6 +22,14 @@ MPIEXEC_VAR = 'THEANOMPI_EXT_MPIEXEC'
 #: container's user often is root); MPICH ignores them.
 MPI_ENV_DEFAULTS = {'OMPI_ALLOW_RUN_AS_ROOT': '1', 'OMPI_ALLOW_RUN_AS_ROOT_CONFIRM': '1'}
 
+#: The variables of the launcher's environment that its ranks need (the
+#: project's THEANOMPI_EXT_*, Theano's flags, threads, the Python path).
+#: Hydra passes the whole environment to the ranks of every host; Open MPI
+#: to the ranks of this host only, and to other hosts just the names given
+#: with ``-x`` (:func:`forwarded_env_args`).
+FORWARDED_PREFIXES = ('THEANOMPI_EXT_', 'THEANO_', 'THEANORC', 'OMP_', 'OPENBLAS_', 'MKL_',
+                      'POCL_', 'PYTHONPATH')
+
 
 def find_mpiexec():
     """Path of the mpiexec to use, or raise with what to install."""
@@ -63,13 +71,29 @@ def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=()):
     mpiexec = mpiexec or find_mpiexec()
     cmd = [mpiexec, '-n', str(int(nprocs))]
     if is_openmpi(mpiexec):
-        cmd += ['--oversubscribe']
+        # By slot: ranks fill each host in order, as hydra places them, and
+        # OMPI_COMM_WORLD_LOCAL_RANK follows the rank order (Open MPI's default
+        # mapping gave ranks 0-3 local ranks 0,2,1,3 here). OVERSUBSCRIBE: more
+        # ranks than cores, which Open MPI refuses by default (hydra does not).
+        cmd += ['--map-by', 'slot:OVERSUBSCRIBE']
         if hostfile:
             cmd += ['--hostfile', hostfile]
     elif hostfile:
         cmd += ['-f', hostfile]
     cmd += list(extra)
     return cmd + list(argv)
+
+
+def forwarded_env_args(mpiexec, env):
+    """``-x NAME`` for each variable of ``env`` that ranks on other hosts need
+    (:data:`FORWARDED_PREFIXES`), where ``mpiexec`` is Open MPI's; else ``[]``."""
+    if not is_openmpi(mpiexec):
+        return []
+    args = []
+    for name in sorted(env):
+        if name.startswith(FORWARDED_PREFIXES):
+            args += ['-x', name]
+    return args
 
 
 def child_env(threads_per_rank=1):
@@ -111,10 +135,24 @@ def _die_with_launcher():
     set_parent_death_signal(signal.SIGKILL)
 
 
+def _end_with_launcher():
+    # The same for Open MPI's mpiexec, with SIGTERM: it then ends its ranks
+    # and removes its session folder in /tmp and the ranks' shared-memory
+    # segments in /dev/shm; SIGKILLed it leaves all of them (measured, 5.0.11).
+    set_parent_death_signal(signal.SIGTERM)
+
+
 def popen_job(cmd, env=None, **kw):
-    """Start ``cmd`` (an mpiexec line) in a session of its own, killed if we die."""
-    return subprocess.Popen(cmd, env=env or child_env(), start_new_session=True,
-                            preexec_fn=_die_with_launcher, **kw)
+    """Start ``cmd`` (an mpiexec line) in a session of its own, ended if we die.
+
+    The ranks get ``env`` on every host (Open MPI: ``-x`` for what they need).
+    """
+    env = env or child_env()
+    openmpi = is_openmpi(cmd[0])
+    cmd = [cmd[0]] + forwarded_env_args(cmd[0], env) + list(cmd[1:])
+    return subprocess.Popen(cmd, env=env, start_new_session=True,
+                            preexec_fn=_end_with_launcher if openmpi else _die_with_launcher,
+                            **kw)
 
 
 def run_mpiexec(cmd, env=None, timeout=None):

@@ -1,0 +1,59 @@
+"""The mpiexec command lines for MPICH and Open MPI, and one real job of this
+venv's MPI: no start-up chatter, the local rank, the environment (docs/openmpi.md)."""
+import json
+import os
+import subprocess
+import sys
+
+from theanompi_ext.launch import mpiexec as launch
+
+from support.procs import mpiexec
+
+
+def _fake_mpiexec(tmp_path, name, version_text):
+    path = tmp_path / name
+    path.write_text('#!/bin/sh\ncat <<EOF\n%s\nEOF\n' % version_text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_command_lines_of_each_mpi(tmp_path):
+    ompi = _fake_mpiexec(tmp_path, 'ompi', 'mpiexec (Open MPI) 5.0.11')
+    hydra = _fake_mpiexec(tmp_path, 'hydra', 'HYDRA build details:\n    Version: 5.0.2')
+    assert launch.is_openmpi(ompi) and not launch.is_openmpi(hydra)
+    assert launch.mpiexec_command(4, ['prog'], hostfile='h', mpiexec=ompi) == [
+        ompi, '-n', '4', '--map-by', 'slot:OVERSUBSCRIBE', '--hostfile', 'h', 'prog']
+    assert launch.mpiexec_command(4, ['prog'], hostfile='h', mpiexec=hydra) == [
+        hydra, '-n', '4', '-f', 'h', 'prog']
+    # Open MPI passes other hosts only the variables named with -x
+    env = {'THEANOMPI_EXT_WARMUP': 'gradual', 'THEANO_FLAGS': 'floatX=float32',
+           'OMP_NUM_THREADS': '1', 'PYTHONPATH': '/x', 'HOME': '/root', 'PATH': '/bin'}
+    assert launch.forwarded_env_args(ompi, env) == [
+        '-x', 'OMP_NUM_THREADS', '-x', 'PYTHONPATH', '-x', 'THEANOMPI_EXT_WARMUP',
+        '-x', 'THEANO_FLAGS']
+    assert launch.forwarded_env_args(hydra, env) == []    # hydra passes everything
+
+
+RANK = r'''
+import json, os, sys
+from mpi4py import MPI
+from theanompi_ext.collective.world import local_rank, launcher_rank_size
+comm = MPI.COMM_WORLD
+rows = comm.gather([comm.Get_rank(), local_rank(comm), local_rank(), launcher_rank_size(),
+                    os.environ.get('THEANOMPI_EXT_PROBE')])
+if rows:
+    print(json.dumps(rows))
+'''
+
+
+def test_four_ranks_on_two_cores_start_quietly_with_their_environment():
+    """4 ranks (more than this machine's cores) through the launcher's own line:
+    nothing on standard error (no MPI start-up warnings), the launcher's local
+    rank variable agrees with MPI's, and the project's variables arrive."""
+    env = dict(launch.child_env(), THEANOMPI_EXT_PROBE='here')
+    cmd = launch.mpiexec_command(4, [sys.executable, '-c', RANK], mpiexec=mpiexec())
+    proc = launch.popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == b'', err.decode()
+    rows = json.loads(out.decode())
+    assert rows == [[r, r, r, [r, 4], 'here'] for r in range(4)], rows
