@@ -47,6 +47,7 @@ import tempfile
 
 from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError,
                                delete_namespace, namespaces, netns_problem, tbf_link)
+from ..files.stale import pid_alive
 from .mpiexec import MPIEXEC_VAR, find_mpiexec
 
 PREFIX = 'tmxhosts'
@@ -81,16 +82,6 @@ def _owner(ns):
     return int(m.group(1)) if m else None
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def remove_namespaces(names):
     """Kill every process inside each namespace in ``names``, then delete it (its
     links go with it)."""
@@ -114,7 +105,7 @@ def owned_namespaces(pid):
 def cleanup_stale():
     """Remove the namespaces (and their links and processes) of dead owners;
     returns their names."""
-    stale = [ns for ns in namespaces() if _owner(ns) is not None and not _alive(_owner(ns))]
+    stale = [ns for ns in namespaces() if _owner(ns) is not None and not pid_alive(_owner(ns))]
     remove_namespaces(stale)
     return stale
 
