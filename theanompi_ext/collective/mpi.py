@@ -21,6 +21,11 @@ Two ways to finish a started allreduce, the same on every rank (a blocking
     ``Iallreduce`` now, ``Wait`` later. MPI makes little progress until
     the wait unless the library has asynchronous progress, so this mainly
     serves comparisons.
+
+``topology='two-level'`` sums within each host first and crosses between
+hosts once (collective/two_level.py), on the same thread, in the same
+order; ``'auto'`` chooses it where there are several hosts and a host
+with several ranks, ``'flat'`` (default) is MPI's own ``Allreduce``.
 """
 import collections
 import os
@@ -32,6 +37,7 @@ import numpy as np
 from .base import (Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer,
                    check_op, check_timeout, check_wire, wait_test)
 from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, WireTransfer, wire_allreduce, free_ops
+from .two_level import TwoLevel, check_topology, host_layout, two_level_pays
 from .wire import WIRE_DTYPES
 from .world import import_mpi
 from ..errors import WireOverflow
@@ -71,7 +77,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
     wire_dtypes = WIRE_DTYPES      # 16-bit wires: collective/mpi_wire.py
 
     def __init__(self, comm=None, progress='thread', thread_nice=None, thread_idle=None,
-                 thread_poll_us=None, wire_method=DEFAULT_WIRE_METHOD):
+                 thread_poll_us=None, wire_method=DEFAULT_WIRE_METHOD, topology='flat',
+                 two_level_algorithm=None):
         MPI = _mpi()
         if progress not in ('thread', 'request'):
             raise ValueError("progress must be 'thread' or 'request', got %r" % (progress,))
@@ -95,6 +102,9 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         # Collectives of the background thread must never interleave with
         # the main thread's (allgather, barrier): give it its own context.
         self._bg_comm = self.comm.Dup()
+        # two levels: one set of sub-communicators per thread's communicator
+        self.topology = check_topology(topology)
+        self._two, self._two_main = self._two_levels(progress, two_level_algorithm)
         # FIFO of started handles and whether a transfer is running; one
         # condition guards both (re-entrant: a test may hold it to keep
         # the thread from taking work).
@@ -102,6 +112,24 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self._todo = collections.deque()
         self._issuing = False
         self._thread = None
+
+    def _two_levels(self, progress, algorithm):
+        """``(for the communication thread, for the caller's)`` two-level sums, or
+        ``(None, None)`` for the flat one (collective: every rank decides alike)."""
+        if self.topology == 'flat' or self.size == 1:
+            return None, None
+        if self.topology == 'auto' and (progress != 'thread' or not two_level_pays(
+                host_layout(self.comm)[1])):
+            return None, None
+        if progress != 'thread':
+            raise ValueError("topology='two-level' needs progress='thread' (its phases "
+                             "are blocking calls on the communication thread)")
+        return TwoLevel(self._bg_comm, algorithm), TwoLevel(self.comm, algorithm)
+
+    @property
+    def topology_in_use(self):
+        """``'flat'``, or ``'two-level rsag'``/``'two-level leader'``: what the sums run as."""
+        return 'flat' if self._two is None else 'two-level ' + self._two.algorithm
 
     # -- blocking ---------------------------------------------------------
     def allreduce(self, buf, op='sum', label=None, wire='float32'):
@@ -112,7 +140,9 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         check_wire(self, wire)
         if wire != 'float32' and op != 'sum':
             raise ValueError('a %s wire exists for sums only, not op=%r' % (wire, op))
-        if self.size > 1 and wire != 'float32':
+        if self._two_main is not None and op == 'sum':
+            self._two_main.allreduce(buf, wire, self.wire_method)
+        elif self.size > 1 and wire != 'float32':
             wire_allreduce(self.comm, buf, wire, self.wire_method, label or 'allreduce',
                            self._wire_ops)
         else:
@@ -131,7 +161,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         if self.progress == 'thread':
             handle = _StartedHandle(buf, name, self)
             handle.wire = wire
-            if wire != 'float32':
+            if wire != 'float32' and self._two is None:
                 # cast now, on the starting thread, which holds the GIL between
                 # backward chunks anyway (see mpi_wire.WireTransfer)
                 handle.transfer = WireTransfer(buf, wire, name)
@@ -181,7 +211,9 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         handle.t_start = time.perf_counter()
         error = None
         try:
-            if handle.wire != 'float32':
+            if self._two is not None:
+                self._two.allreduce(handle.buf, handle.wire, self.wire_method)
+            elif handle.wire != 'float32':
                 handle.transfer.exchange(self._bg_comm, self.wire_method, self._wire_ops)
             elif self.thread_poll_us > 0:
                 req = self._bg_comm.Iallreduce(MPI.IN_PLACE, handle.buf, op=MPI.SUM)
@@ -204,6 +236,10 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
             self._thread.join()
             self._thread = None
         free_ops(self._wire_ops)
+        for two in (self._two, self._two_main):
+            if two is not None:
+                two.free()
+        self._two = self._two_main = None
         if self._bg_comm is not None:
             self._bg_comm.Free()
             self._bg_comm = None
@@ -212,8 +248,10 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
     def describe(self):
         wait = ('tests + sleeps <= %g us' % self.thread_poll_us if self.thread_poll_us
                 else 'blocking')
-        return 'mpi rank %d/%d (%s, progress=%s, thread wait %s, 16-bit wires by %s)' % (
-            self.rank, self.size, library_version(), self.progress, wait, self.wire_method)
+        topo = self._two.describe() if self._two is not None else 'flat'
+        return 'mpi rank %d/%d (%s, progress=%s, thread wait %s, 16-bit wires by %s, %s)' % (
+            self.rank, self.size, library_version(), self.progress, wait, self.wire_method,
+            topo)
 
 
 def lower_thread_priority(nice=0, idle=False):
