@@ -137,13 +137,16 @@ def _train(out, env, *extra):
 
 
 def test_train_across_hosts_equals_one_host(tmp_path):
-    """2 hosts x 2 ranks (200 Mbit/s between them) train to the same bits as 4 ranks
-    on one host: the ranks' order and the sums are the same, only where they run
-    differs. Bitwise, not to a tolerance: measured equal, and a difference would
-    mean the exchange changed with the placement."""
-    one = _train(tmp_path / 'one', dict(os.environ))
+    """2 hosts x 2 ranks (200 Mbit/s between them) with the two-level exchange train
+    to the same bits as 4 ranks on one host with MPI's flat allreduce: the ranks'
+    order and the sums are the same, only where they run differs. Bitwise, not to
+    a float32 tolerance: two-level sums ((x0 + x1) + (x2 + x3)), the order of
+    MPICH's recursive halving on 4 ranks (measured equal; a different flat
+    algorithm could differ by (k-1) 2**-24 sum|x| per sum)."""
+    one = _train(tmp_path / 'one', dict(os.environ), '--topology', 'flat')
     with EmulatedHosts(hosts=2, ranks_per_host=2, rate='200mbit') as eh:
-        across = _train(tmp_path / 'across', eh.env(), '--hostfile', eh.hostfile)
+        across = _train(tmp_path / 'across', eh.env(), '--hostfile', eh.hostfile,
+                        '--topology', 'two-level')
     assert sorted(one.files) == sorted(across.files)
     for name in one.files:
         assert np.array_equal(one[name], across[name]), name

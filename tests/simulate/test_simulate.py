@@ -45,6 +45,29 @@ def test_hierarchical_is_reduce_inter_bcast():
     assert net.allreduce(n, 1) == 0.0
 
 
+def test_two_level_by_hand():
+    """2 hosts x 2 ranks, N = 4 MB, 25 MB/s between hosts (200 Mbit/s), 1 GB/s within:
+    reduce-scatter 1 a_i + N/2/1e9; two shard allreduces of N/2 at 12.5 MB/s each,
+    2 a + N/2/12.5e6 (rhd on 2 hosts); allgather as the reduce-scatter."""
+    from theanompi_ext.simulate.network import two_level_allreduce, tcp_payload_share
+    n, a, ai = 4e6, 1e-4, 5e-6
+    intra = ai + 2e6 / 1e9                      # 0.002005 s
+    inter = 2 * a + 2e6 / 12.5e6                # 0.1602 s: N/bw, each host's bytes once
+    want = 2 * intra + inter                    # 0.16421 s
+    assert want == approx(0.16421)
+    assert two_level_allreduce(n, 2, 2, a, 25e6, ai, 1e9) == approx(want)
+    # four pieces whose phases overlap: one piece's reduce-scatter and allgather left
+    assert two_level_allreduce(n, 2, 2, a, 25e6, ai, 1e9, pieces=4) == approx(
+        2 * (ai + 0.5e6 / 1e9) + inter)
+    net = Network(algorithm='two-level', alpha=a, bandwidth=25e6, intra_alpha=ai,
+                  intra_bandwidth=1e9, gpus_per_node=2)
+    assert net.allreduce(n, 4) == approx(want)
+    assert net.allreduce(n, 2) == approx(2 * intra)          # one host: nothing crosses
+    # 4 hosts x 1 rank: plain rhd among the hosts, 2 log2(4) a + 1.5 N/bw
+    assert two_level_allreduce(n, 4, 1, a, 25e6, ai, 1e9) == approx(4 * a + 1.5 * n / 25e6)
+    assert tcp_payload_share(1500) == approx(1448 / 1514.0)
+
+
 def test_flat_algorithms_pick_the_link():
     net = Network(algorithm='ring', alpha=1e-5, bandwidth=1e9,
                   intra_alpha=1e-6, intra_bandwidth=1e10, gpus_per_node=4)

@@ -53,10 +53,22 @@ def host_backends():
     return ('auto',) + tuple(sorted(n for n, (_, mem) in BACKENDS.items() if mem == 'host'))
 
 
-def create_communicator(name='auto', **options):
-    """Return a communicator for backend ``name`` (see package docstring)."""
+def create_communicator(name='auto', topology=None, **options):
+    """Return a communicator for backend ``name`` (see package docstring).
+
+    ``topology`` (collective/two_level.py): the mpi backend's ``flat``,
+    ``two-level`` or ``auto``; None or ``auto`` is accepted by every backend
+    (only mpi has two levels), ``flat`` too, ``two-level`` only by mpi.
+    """
     if name == 'auto':
         name = 'mpi' if _mpi_world_size() > 1 else 'local'
+    if topology is not None:
+        from .two_level import check_topology
+        check_topology(topology)
+        if name == 'mpi':
+            options['topology'] = topology
+        elif topology == 'two-level':
+            raise BackendRefused("topology 'two-level' needs the mpi backend, not %r" % name)
     try:
         factory, _ = BACKENDS[name]
     except KeyError:

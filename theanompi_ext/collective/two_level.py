@@ -35,6 +35,10 @@ from .world import import_mpi
 
 TOPOLOGIES = ('flat', 'two-level', 'auto')
 ALGORITHMS = ('rsag', 'leader')
+#: rsag on float32 cuts a buffer into parts of about this many bytes, whose
+#: phases overlap (0: the three phases one after the other, blocking).
+PIECE_BYTES = 1 << 20
+MAX_PIECES = 16
 FAKE_HOSTS_VAR = 'THEANOMPI_EXT_FAKE_RANKS_PER_HOST'
 
 
@@ -85,7 +89,8 @@ class TwoLevel(object):
     for ``rsag`` where the hosts have equal rank counts, else ``leader``.
     """
 
-    def __init__(self, comm, algorithm=None, environ=None):
+    def __init__(self, comm, algorithm=None, environ=None, piece_bytes=None):
+        self.piece_bytes = PIECE_BYTES if piece_bytes is None else int(piece_bytes)
         self._MPI = MPI = import_mpi()
         self.local = host_comm(comm, environ)
         self.local_rank, self.local_size = self.local.Get_rank(), self.local.Get_size()
@@ -139,6 +144,9 @@ class TwoLevel(object):
 
     def _rsag(self, buf, wire, wire_method):
         MPI, R = self._MPI, self.local_size
+        pieces = buf.nbytes // self.piece_bytes if self.piece_bytes else 0
+        if wire == 'float32' and R > 1 and self.cross.Get_size() > 1 and pieces > 1:
+            return self._rsag_pieces(buf, min(pieces, MAX_PIECES))
         counts = chunk_counts(buf.size, R)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         j = self.local_rank
@@ -148,6 +156,32 @@ class TwoLevel(object):
         self._cross_sum(shard, wire, wire_method)
         if R > 1:
             self.local.Allgatherv(shard, [buf, (counts, displs), MPI.FLOAT])
+
+    def _rsag_pieces(self, buf, pieces):
+        """rsag on ``pieces`` parts of ``buf`` at once, nonblocking: a part's
+        allgather within the host runs while later parts still cross. Every
+        rank issues in the same order (all reduce-scatters, each part's
+        allreduce once its reduce-scatter is done, each part's allgather once
+        its allreduce is), which keeps the collectives of a communicator
+        matched; MPI's progress engine moves them all inside each Wait."""
+        MPI, R, j = self._MPI, self.local_size, self.local_rank
+        plan, off = [], 0
+        for n in chunk_counts(buf.size, pieces):
+            counts = chunk_counts(n, R)
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+            plan.append((buf[off:off + n], counts, displs, np.empty(counts[j], np.float32)))
+            off += n
+        rs = [self.local.Ireduce_scatter(part, shard, counts, op=MPI.SUM)
+              for part, counts, _, shard in plan]
+        cross = []
+        for req, (_, _, _, shard) in zip(rs, plan):
+            req.Wait()
+            cross.append(self.cross.Iallreduce(MPI.IN_PLACE, shard, op=MPI.SUM))
+        gathers = []
+        for req, (part, counts, displs, shard) in zip(cross, plan):
+            req.Wait()
+            gathers.append(self.local.Iallgatherv(shard, [part, (counts, displs), MPI.FLOAT]))
+        MPI.Request.Waitall(gathers)
 
     def _leader(self, buf, wire, wire_method):
         MPI = self._MPI

@@ -57,10 +57,12 @@ def _cluster_options(p):
                      help='worker counts, e.g. 8,16,32 (default: the preset\'s)')
     net.add_argument('--gpus-per-node', type=int, metavar='G',
                      help='GPUs per server, G (default: the preset\'s)')
-    net.add_argument('--algorithm', choices=('ring', 'rhd', 'asa', 'hierarchical'),
+    net.add_argument('--algorithm', choices=('ring', 'rhd', 'asa', 'hierarchical', 'two-level'),
                      help='allreduce: ring, recursive halving/doubling, asa (alltoall, sum, '
-                          'allgather: the 16-bit MPI method), or hierarchical '
-                          '(intra-node reduce, rhd among servers, intra-node broadcast)')
+                          'allgather: the 16-bit MPI method), hierarchical '
+                          '(intra-node reduce, rhd among servers, intra-node broadcast), or '
+                          'two-level (intra-node reduce-scatter, one rhd per local rank '
+                          'among servers sharing the link, intra-node allgather)')
     net.add_argument('--bandwidth-gbit', type=float, metavar='GBIT',
                      help='bandwidth between servers, Gbit/s (default: the preset\'s)')
     net.add_argument('--latency-us', type=float, metavar='US',

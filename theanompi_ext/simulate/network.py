@@ -33,6 +33,15 @@ Formulas, for ``p`` ranks and ``N`` bytes (Thakur, Rabenseifner & Gropp
     the number of servers is not a power of two), as the paper does. Reduce
     and broadcast are pipelined chains (NCCL's ring reduce/broadcast):
     ``(G-1) alpha_intra + N/bw_intra`` each.
+``two-level`` (collective/two_level.py's ``rsag``; ``G`` ranks per host)
+    a reduce-scatter within the host, ``(G-1) alpha_i + (G-1)/G N/bw_i``;
+    ``G`` allreduces of ``N/G`` bytes at once between the hosts, one per
+    local rank, sharing the host's link (each gets ``bw/G``), ``rhd``
+    among the ``k/G`` hosts: ``2 log2(H) alpha + 2(H-1)/H N/bw``; an
+    allgather within the host, as the reduce-scatter. Cut into ``pieces``
+    whose phases overlap, the link's phase runs while the host's run, and
+    only one piece's reduce-scatter and allgather stay outside it:
+    ``2 intra(N/pieces) + max(inter(N), 2 intra(N))``.
 
 The flat algorithms (``ring``, ``rhd``) use the intra-node link while all
 ``k`` ranks fit in one server and the inter-node link otherwise: every step
@@ -46,7 +55,7 @@ so flat ``rhd`` on multi-GPU servers is an estimate, not a bound.
 import math
 from dataclasses import dataclass
 
-ALGORITHMS = ('ring', 'rhd', 'asa', 'hierarchical')
+ALGORITHMS = ('ring', 'rhd', 'asa', 'hierarchical', 'two-level')
 
 
 def _check_ranks(p):
@@ -108,6 +117,35 @@ def chain_reduce(nbytes, p, alpha, bw):
     return (p - 1) * alpha + nbytes / bw
 
 
+def host_scatter(nbytes, g, alpha, bw):
+    """Seconds for a reduce-scatter (or allgather) of ``nbytes`` among ``g`` ranks of a host."""
+    g = _check_ranks(g)
+    _check_link(alpha, bw)
+    return (g - 1) * alpha + (g - 1.0) / g * nbytes / bw
+
+
+def two_level_allreduce(nbytes, hosts, g, alpha, bw, intra_alpha, intra_bw, pieces=1):
+    """Seconds for the two-level ``rsag`` allreduce of ``nbytes``: ``hosts`` hosts of
+    ``g`` ranks, inter-host link ``(alpha, bw)`` per host, the host's own
+    ``(intra_alpha, intra_bw)``; ``pieces`` > 1 overlaps the phases (module doc)."""
+    hosts, pieces = _check_ranks(hosts), _check_ranks(pieces)
+    # the g shard allreduces share the host's link: N/g bytes each at bw/g
+    inter = rhd_allreduce(float(nbytes) / g, hosts, alpha, float(bw) / g)
+    if pieces == 1:
+        return 2 * host_scatter(nbytes, g, intra_alpha, intra_bw) + inter
+    return (2 * host_scatter(float(nbytes) / pieces, g, intra_alpha, intra_bw)
+            + max(inter, 2 * host_scatter(nbytes, g, intra_alpha, intra_bw)))
+
+
+def tcp_payload_share(mtu=1500):
+    """The share of a shaped Ethernet link's rate that carries TCP payload: a
+    segment of ``mtu - 52`` bytes (IP, TCP with timestamps) in a frame of
+    ``mtu + 14`` (1448 of 1514 at 1500: 0.956)."""
+    if mtu < 100:
+        raise ValueError('mtu must be >= 100 bytes, got %r' % (mtu,))
+    return (mtu - 52.0) / (mtu + 14.0)
+
+
 @dataclass(frozen=True)
 class Network:
     """A cluster's interconnect and the allreduce algorithm run on it.
@@ -121,6 +159,7 @@ class Network:
     intra_alpha: float = 5e-6
     intra_bandwidth: float = 160e9 / 8
     gpus_per_node: int = 8
+    pieces: int = 1          # two-level: parts whose phases overlap
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -157,11 +196,11 @@ class Network:
     def check_workers(self, k):
         """Raise ValueError if ``k`` workers cannot run on this network."""
         k = _check_ranks(k)
-        if (self.algorithm == 'hierarchical' and k > 1
+        if (self.algorithm in ('hierarchical', 'two-level') and k > 1
                 and k % self.gpus_per_node != 0):
             raise ValueError(
-                'hierarchical allreduce needs whole servers: k=%d GPUs is not a '
-                'multiple of gpus-per-node=%d' % (k, self.gpus_per_node))
+                '%s allreduce needs whole servers: k=%d GPUs is not a '
+                'multiple of gpus-per-node=%d' % (self.algorithm, k, self.gpus_per_node))
         return k
 
     def allreduce(self, nbytes, k):
@@ -171,6 +210,10 @@ class Network:
         k = self.check_workers(k)
         if k == 1:
             return 0.0                       # nothing to exchange
+        if self.algorithm == 'two-level':
+            g = min(self.gpus_per_node, k)
+            return two_level_allreduce(nbytes, k // g, g, self.alpha, self.bandwidth,
+                                       self.intra_alpha, self.intra_bandwidth, self.pieces)
         if self.algorithm == 'hierarchical':
             g = min(self.gpus_per_node, k)
             nodes = k // g
@@ -187,7 +230,7 @@ class Network:
     def latency_steps(self, k):
         """How many latency terms one allreduce among ``k`` workers pays (its alpha count)."""
         unit = Network(self.algorithm, 1.0, self.bandwidth, 1.0, self.intra_bandwidth,
-                       self.gpus_per_node)
+                       self.gpus_per_node, self.pieces)
         return unit.allreduce(0, k)
 
     def barrier(self, k):

@@ -54,6 +54,7 @@ class TrainConfig(object):
     device: str = 'cpu'                  # cpu, cuda0, opencl0:0, or one per rank: cuda0,cuda1
     exchange_path: str = 'auto'          # device buffers: auto, host-staged or nccl
     backend: str = 'auto'                # collective backend (collective/registry.py)
+    topology: str = 'auto'               # flat, two-level or auto (collective/two_level.py)
     extra: dict = field(default_factory=dict)
 
     def validate(self):
@@ -145,6 +146,9 @@ class TrainConfig(object):
             bad('bucket_cap_mb', 'bucket caps must be > 0')
         if self.exchange_path not in EXCHANGE_PATHS:
             bad('exchange_path', 'choose from %s' % (EXCHANGE_PATHS,))
+        from ..collective.two_level import TOPOLOGIES
+        if self.topology not in TOPOLOGIES:
+            bad('topology', 'choose from %s' % (TOPOLOGIES,))
         if self.backend not in host_backends():
             bad('backend', 'choose from %s%s' % (host_backends(), (
                 ' (%s sums device arrays; the trainer exchanges host buffers, or device '

@@ -63,6 +63,10 @@ HELP = {
                      'NCCL cannot run)',
     'backend': 'collective backend of the ranks, one of %(choices)s: auto is mpi under '
                'an MPI launcher with several ranks, else local (one process)',
+    'topology': 'how an allreduce spans hosts, one of %(choices)s: two-level sums within '
+                'each host over shared memory, then crosses between hosts once '
+                '(docs/multinode.md); auto picks it where there are several hosts and a '
+                'host with several ranks, flat is MPI\'s own allreduce (mpi backend)',
     'bucket_cap_mb': 'size cap of one allreduce bucket, MB',
     'wire_dtype': 'what the gradient buckets travel as, one of %(choices)s: 16 bits halve '
                   'the bytes, the sum stays float32 (kn only; inf/nan after the cast stops '
@@ -102,7 +106,7 @@ GROUPS = (
       'decay_epochs', 'decay_factor', 'momentum', 'momentum_form', 'nesterov',
       'weight_decay')),
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
-                  'first_bucket_cap_mb', 'wire_dtype', 'exchange_path', 'backend')),
+                  'first_bucket_cap_mb', 'wire_dtype', 'exchange_path', 'backend', 'topology')),
     ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
@@ -150,7 +154,8 @@ def _choices():
     from .config import WIRE_DTYPES
     from ..step.device import EXCHANGE_PATHS
     from ..collective.registry import host_backends
-    return {'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
+    from ..collective.two_level import TOPOLOGIES
+    return {'topology': TOPOLOGIES, 'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
             'wire_dtype': WIRE_DTYPES, 'exchange_path': EXCHANGE_PATHS,
             'backend': host_backends()}

@@ -22,7 +22,7 @@ def run(cfg, comm=None, log=print):
     from ..collective import create_communicator
     from ..engine.open import open_on_every_rank
     cfg = cfg.validate()
-    comm = comm or create_communicator(cfg.backend)
+    comm = comm or create_communicator(cfg.backend, topology=cfg.topology)
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
     if dev != 'cpu':
         from ..step.device import choose_exchange_path
