@@ -25,7 +25,11 @@ from theanompi_ext.collective.world import import_mpi
 from theanompi_ext.collective.wire import sum_error_bound
 
 
+PIECE_BYTES = 1 << 16
+
+
 def sizes(k):
+    # with 64 KB pieces (PIECES below) the last is cut in 8 whose phases overlap
     return [1, k - 1 or 1, 2 * k + 1, 3000 * k + k - 1, 2 ** 17 + 3]
 
 
@@ -94,7 +98,8 @@ def main():
         auto.close()
         algorithms = ['rsag', 'leader'] if len(set(per_host)) == 1 else ['leader']
         for algorithm in algorithms:
-            two = MPICommunicator(topology='two-level', two_level_algorithm=algorithm)
+            two = MPICommunicator(topology='two-level', two_level_algorithm=algorithm,
+                                  two_level_piece_bytes=PIECE_BYTES)
             try:
                 out['algorithms'][algorithm] = check(two, flat, k)
                 out['overflow'] = check_overflow(two, k, hosts)

@@ -13,7 +13,8 @@ alternating blocks on the same ranks:
 
 and with ``--wire-dtype float16|bfloat16`` also ``flat-wire`` (the flat
 16-bit exchange, mpi_wire's alltoall-sum-allgather on every rank) and
-``rsag-wire`` (two levels, 16 bits between hosts only).
+``started-wire`` (the exchangers' two-level path, 16 bits between hosts
+only, in pieces whose phases overlap).
 
 The simulator (simulate/network.py) predicts each float32 method, from the
 link rate times TCP's payload share of a 1500-byte frame, a latency
@@ -69,7 +70,7 @@ def register(sub):
                    help='alternating blocks per method and size (default %(default)s)')
     p.add_argument('--wire-dtype', default='float32',
                    choices=('float32', 'float16', 'bfloat16'),
-                   help='also time 16-bit exchanges (flat-wire, rsag-wire)')
+                   help='also time 16-bit exchanges (flat-wire, started-wire)')
     p.add_argument('--pieces-kb', default='', metavar='LIST',
                    help='also time rsag cut into parts of these KB whose phases overlap '
                         '(rsag-NNNk; the two-level default is 1024)')
@@ -155,7 +156,7 @@ def format_table(res):
                        wire)[0]
             ratio = r[m] / b
             line += ' %9.1f %6.3f' % (1e3 * r[m], ratio)
-            if r['bytes'] >= TARGET_FROM_BYTES and m in ('rsag', 'started') and ratio > TARGET:
+            if r['bytes'] >= TARGET_FROM_BYTES and m in ('started', 'started-wire') and ratio > TARGET:
                 missed.append('%s %s %.3f' % (m, format_size(r['bytes']), ratio))
         lines.append(line)
     lines.append(format_predictions(res))
@@ -231,7 +232,7 @@ def measure(spec):
     methods = ['flat', 'rsag', 'leader'] + ['rsag-%dk' % kb for kb in
                                            spec.get('pieces_kb', [])] + ['started']
     if wire != 'float32':
-        methods += ['flat-wire', 'rsag-wire']
+        methods += ['flat-wire', 'started-wire']
     rows = []
     try:
         alpha = _between_hosts_latency(comms['leader'], world, spec['reps'])
@@ -244,7 +245,7 @@ def measure(spec):
                 'started': lambda: started.start_allreduce(buf).wait(),
                 'flat-wire': lambda: wire_allreduce(world, buf, wire),
                 **{m: (lambda c=c: c.allreduce(buf)) for m, c in comms.items()},
-                'rsag-wire': lambda: comms['rsag'].allreduce(buf, wire),
+                'started-wire': lambda: started.start_allreduce(buf, wire=wire).wait(),
             }
             for m in methods:            # warm-up: connections, pages, the thread
                 calls[m]()

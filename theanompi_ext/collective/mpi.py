@@ -78,7 +78,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
 
     def __init__(self, comm=None, progress='thread', thread_nice=None, thread_idle=None,
                  thread_poll_us=None, wire_method=DEFAULT_WIRE_METHOD, topology='flat',
-                 two_level_algorithm=None):
+                 two_level_algorithm=None, two_level_piece_bytes=None):
         MPI = _mpi()
         if progress not in ('thread', 'request'):
             raise ValueError("progress must be 'thread' or 'request', got %r" % (progress,))
@@ -104,7 +104,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self._bg_comm = self.comm.Dup()
         # two levels: one set of sub-communicators per thread's communicator
         self.topology = check_topology(topology)
-        self._two, self._two_main = self._two_levels(progress, two_level_algorithm)
+        self._two, self._two_main = self._two_levels(progress, two_level_algorithm,
+                                                     two_level_piece_bytes)
         # FIFO of started handles and whether a transfer is running; one
         # condition guards both (re-entrant: a test may hold it to keep
         # the thread from taking work).
@@ -113,7 +114,7 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         self._issuing = False
         self._thread = None
 
-    def _two_levels(self, progress, algorithm):
+    def _two_levels(self, progress, algorithm, piece_bytes):
         """``(for the communication thread, for the caller's)`` two-level sums, or
         ``(None, None)`` for the flat one (collective: every rank decides alike)."""
         if self.topology == 'flat' or self.size == 1:
@@ -124,7 +125,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         if progress != 'thread':
             raise ValueError("topology='two-level' needs progress='thread' (its phases "
                              "are blocking calls on the communication thread)")
-        return TwoLevel(self._bg_comm, algorithm), TwoLevel(self.comm, algorithm)
+        return (TwoLevel(self._bg_comm, algorithm, piece_bytes=piece_bytes),
+                TwoLevel(self.comm, algorithm, piece_bytes=piece_bytes))
 
     @property
     def topology_in_use(self):

@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from ..errors import WireOverflow
-from .wire import chunk_counts
+from .wire import chunk_counts, decode, encode, sum_encoded
 from .world import import_mpi
 
 TOPOLOGIES = ('flat', 'two-level', 'auto')
@@ -78,6 +78,51 @@ def two_level_pays(per_host):
     """True where two levels can help: more than one host, and a host with
     more than one rank (what ``topology='auto'`` chooses by)."""
     return len(per_host) > 1 and max(per_host) > 1
+
+
+def _displs(counts):
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+
+
+def _split(buf, pieces):
+    """``buf`` cut into ``pieces`` consecutive views (sizes differ by at most one)."""
+    out, off = [], 0
+    for n in chunk_counts(buf.size, pieces):
+        out.append(buf[off:off + n])
+        off += n
+    return out
+
+
+class _Part(object):
+    """One piece of a bucket on its way through the rsag stages: its view, this
+    rank's shard of it (summed within the host, then between hosts), the
+    16-bit copies when a wire is used."""
+
+    def __init__(self, buf, ranks, local_rank):
+        self.buf = buf
+        self.counts = chunk_counts(buf.size, ranks)
+        self.displs = _displs(self.counts)
+        self.shard = np.empty(self.counts[local_rank], np.float32)
+        self.w = self.recv = self.sum16 = self.wcounts = None
+        self.wire = None
+
+
+def _run_stages(parts, stages):
+    """Run each stage on each part, in stage-major order: stage s of part i is
+    issued once stage s-1 of part i is done, after stage s of part i-1 was
+    issued. Every rank issues in this same order, which keeps the collectives
+    of each communicator matched; MPI's progress engine moves every issued
+    one inside each Wait, so later parts cross the link while earlier ones
+    are gathered within the host."""
+    reqs = [None] * len(parts)
+    for stage in stages:
+        for i, part in enumerate(parts):
+            if reqs[i] is not None:
+                reqs[i].Wait()
+            reqs[i] = stage(part)
+    for req in reqs:
+        if req is not None:
+            req.Wait()
 
 
 class TwoLevel(object):
@@ -143,12 +188,23 @@ class TwoLevel(object):
             pass      # the caller's check after the last phase raises on every rank
 
     def _rsag(self, buf, wire, wire_method):
+        R = self.local_size
+        if R == 1 or (wire != 'float32' and (wire_method or 'asa') != 'asa'):
+            return self._rsag_blocking(buf, wire, wire_method)
+        pieces = max(1, min(buf.nbytes // self.piece_bytes if self.piece_bytes else 1,
+                            MAX_PIECES))
+        parts = [_Part(p, R, self.local_rank) for p in _split(buf, pieces)]
+        stages = [self._scatter]
+        if self.cross.Get_size() > 1:
+            stages += [self._cross] if wire == 'float32' else [
+                lambda part: self._wire_alltoall(part, wire),
+                lambda part: self._wire_allgather(part, wire)]
+        _run_stages(parts, stages + [self._gather])
+
+    def _rsag_blocking(self, buf, wire, wire_method):
         MPI, R = self._MPI, self.local_size
-        pieces = buf.nbytes // self.piece_bytes if self.piece_bytes else 0
-        if wire == 'float32' and R > 1 and self.cross.Get_size() > 1 and pieces > 1:
-            return self._rsag_pieces(buf, min(pieces, MAX_PIECES))
         counts = chunk_counts(buf.size, R)
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        displs = _displs(counts)
         j = self.local_rank
         shard = buf[displs[j]:displs[j] + counts[j]].copy() if R > 1 else buf
         if R > 1:
@@ -157,31 +213,40 @@ class TwoLevel(object):
         if R > 1:
             self.local.Allgatherv(shard, [buf, (counts, displs), MPI.FLOAT])
 
-    def _rsag_pieces(self, buf, pieces):
-        """rsag on ``pieces`` parts of ``buf`` at once, nonblocking: a part's
-        allgather within the host runs while later parts still cross. Every
-        rank issues in the same order (all reduce-scatters, each part's
-        allreduce once its reduce-scatter is done, each part's allgather once
-        its allreduce is), which keeps the collectives of a communicator
-        matched; MPI's progress engine moves them all inside each Wait."""
-        MPI, R, j = self._MPI, self.local_size, self.local_rank
-        plan, off = [], 0
-        for n in chunk_counts(buf.size, pieces):
-            counts = chunk_counts(n, R)
-            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-            plan.append((buf[off:off + n], counts, displs, np.empty(counts[j], np.float32)))
-            off += n
-        rs = [self.local.Ireduce_scatter(part, shard, counts, op=MPI.SUM)
-              for part, counts, _, shard in plan]
-        cross = []
-        for req, (_, _, _, shard) in zip(rs, plan):
-            req.Wait()
-            cross.append(self.cross.Iallreduce(MPI.IN_PLACE, shard, op=MPI.SUM))
-        gathers = []
-        for req, (part, counts, displs, shard) in zip(cross, plan):
-            req.Wait()
-            gathers.append(self.local.Iallgatherv(shard, [part, (counts, displs), MPI.FLOAT]))
-        MPI.Request.Waitall(gathers)
+    # The stages of a piece (nonblocking: each returns its request; _run_stages
+    # issues them piece by piece, a stage once the piece's previous one is done)
+    def _scatter(self, part):
+        return self.local.Ireduce_scatter(part.buf, part.shard, part.counts, op=self._MPI.SUM)
+
+    def _cross(self, part):
+        return self.cross.Iallreduce(self._MPI.IN_PLACE, part.shard, op=self._MPI.SUM)
+
+    def _wire_alltoall(self, part, wire):
+        """alltoall-sum-allgather (mpi_wire's asa) of the shard between hosts, part 1:
+        every host's 16-bit shard, cut in H chunks, chunk h to host h."""
+        MPI, H, h = self._MPI, self.cross.Get_size(), self.cross.Get_rank()
+        part.wire, part.w = wire, encode(part.shard, wire)
+        part.wcounts = chunk_counts(part.shard.size, H)
+        mine = part.wcounts[h]
+        part.recv = np.empty(H * mine, np.uint16)
+        return self.cross.Ialltoallv(
+            [part.w, (part.wcounts, _displs(part.wcounts)), MPI.UINT16_T],
+            [part.recv, ([mine] * H, [mine * i for i in range(H)]), MPI.UINT16_T])
+
+    def _wire_allgather(self, part, wire):
+        """Part 2: sum this host's chunk in float32, cast once, gather every chunk."""
+        MPI, H = self._MPI, self.cross.Get_size()
+        total = sum_encoded(part.recv.reshape(H, -1), wire)
+        part.sum16 = encode(total, wire)
+        return self.cross.Iallgatherv(
+            [part.sum16, MPI.UINT16_T],
+            [part.w, (part.wcounts, _displs(part.wcounts)), MPI.UINT16_T])
+
+    def _gather(self, part):
+        if part.w is not None:
+            decode(part.w, part.wire, part.shard)
+        return self.local.Iallgatherv(part.shard, [part.buf, (part.counts, part.displs),
+                                                   self._MPI.FLOAT])
 
     def _leader(self, buf, wire, wire_method):
         MPI = self._MPI
