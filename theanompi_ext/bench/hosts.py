@@ -58,7 +58,7 @@ def register(sub):
     """Add ``bench hosts`` to the ``bench`` sub-parsers."""
     p = sub.add_parser('hosts', help='allreduce across emulated hosts vs its bounds (root)',
                        description=__doc__.split('\n\n')[0])
-    p.add_argument('--hosts', type=int, default=2, metavar='H', help='hosts (default 2)')
+    p.add_argument('--hosts', type=int, default=2, metavar='H', help='emulated hosts to make, H (default %(default)s)')
     p.add_argument('--ranks-per-host', type=int, default=2, metavar='R',
                    help='ranks on each host (default 2)')
     p.add_argument('--rate', default='200mbit', help="each host's link, tc units "

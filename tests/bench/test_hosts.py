@@ -1,0 +1,52 @@
+"""``bench hosts``: its bounds and tables by hand, and one short run on emulated hosts (root)."""
+import subprocess
+import sys
+
+import pytest
+
+from support.paths import ROOT
+from theanompi_ext.bench.hosts import bounds, format_table, predictions
+
+
+def test_bounds_by_hand():
+    # 4 MiB over 25 MB/s: 2 hosts send it once (0.1678 s), a ring of 4 ranks 1.5 times
+    two, ring = bounds(4 << 20, 2, 2, 25e6)
+    assert two == pytest.approx(4194304 / 25e6) and ring == pytest.approx(1.5 * 4194304 / 25e6)
+    assert bounds(4 << 20, 2, 2, 25e6, 'bfloat16')[0] == pytest.approx(two / 2)
+    assert bounds(1 << 20, 4, 1, 25e6)[0] == pytest.approx(1.5 * 1048576 / 25e6)
+
+
+def _result():
+    row = dict(bytes=4 << 20, intra=0.004, flat=0.185, rsag=0.180, leader=0.190, started=0.176)
+    return dict(hosts=2, ranks_per_host=2, rate='200mbit', delay=None, rate_Bps=25e6,
+                mpi='MPICH', reps=3, methods=['flat', 'rsag', 'leader', 'started'],
+                wire_dtype='float32', alpha_s=2e-5, rows=[row])
+
+
+def test_predictions_and_table():
+    res = _result()
+    pred = predictions(res, res['rows'][0])
+    link = 4194304 / (25e6 * 1448 / 1514.0)           # the bytes at TCP's payload rate
+    # rsag, one piece: two reduce-scatters within the host (0.002 s each) + the link
+    assert pred['rsag'] == pytest.approx(0.004 + 2 * 2e-5 + link)
+    assert pred['flat'] == pred['rsag']
+    # 4 pieces: one piece's reduce-scatter and allgather left outside the link
+    assert pred['started'] == pytest.approx(0.001 + 2 * 2e-5 + link)
+    assert pred['leader'] == pytest.approx(0.008 + 2 * 2e-5 + link)
+    text = format_table(res)
+    assert '4 MB' in text and 'within 1.10 x bound from 1 MB: met' in text
+    assert 'sim/meas' in text and '(within 10%: all)' in text
+
+
+@pytest.mark.root
+def test_a_short_run_on_emulated_hosts():
+    from theanompi_ext.launch.emulated_hosts import hosts_problem
+    why = hosts_problem()
+    if why:
+        pytest.skip(why)
+    res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli', 'bench', 'hosts',
+                          '--sizes', '256K', '--reps', '1', '--rate', '1gbit'],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 'allreduce on 2 emulated hosts x 2 ranks, 1gbit links' in res.stdout
+    assert '256 KB' in res.stdout and 'sim/meas' in res.stdout
