@@ -36,3 +36,14 @@ def test_auto_chooses_two_levels_only_where_they_can_help():
     with pytest.raises(ValueError, match='unknown topology .ring.; choose from flat, '
                                          'two-level, auto'):
         check_topology('ring')
+
+
+def test_the_registry_passes_the_topology_to_mpi_only():
+    from theanompi_ext.collective.registry import create_communicator
+    from theanompi_ext.errors import BackendRefused
+    create_communicator('local', topology='two-level').close()   # one rank: nothing to span
+    with pytest.raises(BackendRefused, match="topology 'two-level' needs the mpi backend, "
+                                             "not 'nccl'"):
+        create_communicator('nccl', topology='two-level')
+    with pytest.raises(ValueError, match='unknown topology'):
+        create_communicator('local', topology='ring')

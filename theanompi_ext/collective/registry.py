@@ -57,8 +57,8 @@ def create_communicator(name='auto', topology=None, **options):
     """Return a communicator for backend ``name`` (see package docstring).
 
     ``topology`` (collective/two_level.py): the mpi backend's ``flat``,
-    ``two-level`` or ``auto``; None or ``auto`` is accepted by every backend
-    (only mpi has two levels), ``flat`` too, ``two-level`` only by mpi.
+    ``two-level`` or ``auto``; ``local`` (one rank: nothing spans hosts) takes
+    any, the device backends all but ``two-level``.
     """
     if name == 'auto':
         name = 'mpi' if _mpi_world_size() > 1 else 'local'
@@ -67,7 +67,7 @@ def create_communicator(name='auto', topology=None, **options):
         check_topology(topology)
         if name == 'mpi':
             options['topology'] = topology
-        elif topology == 'two-level':
+        elif topology == 'two-level' and name != 'local':
             raise BackendRefused("topology 'two-level' needs the mpi backend, not %r" % name)
     try:
         factory, _ = BACKENDS[name]
