@@ -28,6 +28,8 @@ from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
+#: hydra's exit status when one of its proxies (on another host) ended badly.
+HYDRA_LAUNCHER_ERROR = 255
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -128,10 +130,18 @@ def explain(status, report, notes, size=None, first_exit=None):
         # Open MPI exits 128 + N for a rank killed by signal N, hydra N: N under
         # both, so that 128 + N keeps meaning "the launcher was stopped"
         status = report.signal
+    far = report.exit_string is None and report.code and status == HYDRA_LAUNCHER_ERROR
+    if far:
+        # hydra, a rank on another host: its proxy reports a rank killed by signal N
+        # as exit code N, no exit string, and mpiexec exits 255 (measured, 2 hosts):
+        # the rank's code, as for a rank of this host
+        status = report.code
     who = ('rank %d%s (pid %d on %s)' % (rank, of, pid, host) if rank is not None
            else 'a rank (pid %d on %s; its rank is unknown: it died before reporting)'
            % (pid, host))
     how = report.exit_string or ('exit code %s' % report.code)
+    if far:
+        how += " (or killed by signal %s: hydra's report of a rank on another host)" % report.code
     return ('theanompi-ext: %s died: %s; mpiexec stopped the other ranks (exit status %d)'
             % (who, how, status)), status
 
