@@ -122,7 +122,7 @@ def test_cut_and_restore_a_link(tmp_path):
 
 TRAIN = ['train', '--workers', '4', '--model', 'digits_cnn', '--epochs', '1', '--warmup',
          'none', '--batch-per-worker', '16', '--base-lr', '0.05', '--ref-batch', '64',
-         '--max-steps', '4', '--quiet']
+         '--max-steps', '4']
 
 
 def _train(out, env, *extra):
@@ -133,17 +133,22 @@ def _train(out, env, *extra):
                          ['--out', str(out)] + list(extra), capture_output=True, text=True,
                          timeout=400, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stdout + res.stderr[-4000:]
-    return np.load(os.path.join(str(out), 'params.npz'))
+    return np.load(os.path.join(str(out), 'params.npz')), res.stdout
 
 
 def test_train_across_hosts_equals_one_host(tmp_path):
-    """2 hosts x 2 ranks (200 Mbit/s between them) train to the same bits as 4 ranks
-    on one host: the ranks' order and the sums are the same, only where they run
+    """2 hosts x 2 ranks (200 Mbit/s between them) say where each rank runs and
+    train to the same bits as 4 ranks on one host: the ranks' order and the sums are the same, only where they run
     differs. Bitwise, not to a tolerance: measured equal, and a difference would
     mean the exchange changed with the placement."""
-    one = _train(tmp_path / 'one', dict(os.environ))
+    one, _ = _train(tmp_path / 'one', dict(os.environ))
     with EmulatedHosts(hosts=2, ranks_per_host=2, rate='200mbit') as eh:
-        across = _train(tmp_path / 'across', eh.env(), '--hostfile', eh.hostfile)
+        across, text = _train(tmp_path / 'across', eh.env(), '--hostfile', eh.hostfile)
+    # the first lines say where each rank runs (rank 0 gathers them), before the plan
+    lines = text.splitlines()
+    assert lines[:4] == ['rank %d of 4: host tmxh%d, local rank %d, device cpu'
+                         % (r, r // 2, r % 2) for r in range(4)], text[:2000]
+    assert lines[4].startswith('plan:')
     assert sorted(one.files) == sorted(across.files)
     for name in one.files:
         assert np.array_equal(one[name], across[name]), name

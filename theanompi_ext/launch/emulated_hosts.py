@@ -20,7 +20,8 @@ them and writes, into a temporary folder:
                ssh options and runs CMD in HOST's namespace with HOST as its
                hostname.
 
-``eh.env()`` sets ``THEANOMPI_EXT_MPIEXEC`` to that mpiexec, so
+``eh.env()`` sets ``THEANOMPI_EXT_MPIEXEC`` to that mpiexec (and
+``THEANOMPI_EXT_LAUNCH_AGENT`` to WRAPPER, for ``launch/reach.py``), so
 ``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
 hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
 and up during a run; ``rate`` (tbf) and ``delay`` (netem) shape every link.
@@ -49,6 +50,7 @@ from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError
                                delete_namespace, namespaces, netns_problem, tbf_link)
 from ..files.stale import pid_alive
 from .mpiexec import MPIEXEC_VAR, find_mpiexec
+from .reach import AGENT_VAR
 
 PREFIX = 'tmxhosts'
 SUBNET = '10.77.0.'
@@ -129,10 +131,13 @@ done
 host=$1; shift
 case "$host" in
 %(cases)s
-  *) echo "emulated hosts: no host $host" >&2; exit 255 ;;
+  *) echo "ssh: Could not resolve hostname $host: Name or service not known (emulated hosts)" >&2; exit 255 ;;
 esac
-# like ssh: the words are joined and run by a shell, on the host, as the host
-exec ip netns exec "$ns" unshare -u sh -c "hostname $host && exec $*"
+# like ssh: the words are joined and run by a shell, on the host, as the host; and
+# nothing of the caller's but the three streams reaches the host (hydra leaves its
+# sockets open: inherited, mpiexec's end of a proxy's connection would outlive
+# mpiexec and keep that proxy waiting)
+exec ip netns exec "$ns" unshare -u bash -c "for fd in \$(ls /proc/\$\$/fd); do [ \$fd -gt 2 ] && eval \"exec \$fd>&-\" 2>/dev/null; done; hostname $host && exec $*"
 '''
 
 MPIEXEC_SCRIPT = r'''#!/bin/sh
@@ -277,6 +282,7 @@ class EmulatedHosts(object):
         the emulated hosts' mpiexec and ``TMX_HOSTFILE`` to the hostfile."""
         env = dict(os.environ if base is None else base)
         env[MPIEXEC_VAR], env['TMX_HOSTFILE'] = self.mpiexec, self.hostfile
+        env[AGENT_VAR] = os.path.join(self.folder, 'launch')   # what hydra starts proxies with
         return env
 
     def cut(self, host):

@@ -159,4 +159,4 @@ def _launch(args, cfg):
             # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
             env[STDOUT_TTY_VAR] = '1'
         return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
-                             size=args.workers)
+                             size=args.workers, hostfile=args.hostfile)
