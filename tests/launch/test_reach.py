@@ -42,3 +42,23 @@ def test_watch_and_message(tmp_path):
            b'"10.0.0.1" (No route to host)\n')
     assert explain_launch(w, str(hosts), agent).startswith(
         'host n7 could not reach the launcher\'s host at 10.0.0.1 (No route to host): ')
+
+
+def test_network_rows_say_what_and_why():
+    from theanompi_ext.launch.network_choice import network_rows
+    rows = dict(network_rows(False, {'THEANOMPI_EXT_IFACE': 'ib0', 'HYDRA_IFACE': 'eth0'}))
+    assert rows['interface'].startswith('ib0 (from THEANOMPI_EXT_IFACE: train --iface')
+    assert rows['transport'].startswith("MPICH's default netmod")
+    rows = dict(network_rows(True, {'OMPI_MCA_btl_tcp_if_include': 'eth1',
+                                    'OMPI_MCA_pml': 'ob1'}))
+    assert rows['interface'].startswith("eth1 (from OMPI_MCA_btl_tcp_if_include")
+    assert rows['transport'] == 'from the environment: OMPI_MCA_pml=ob1'
+    assert "the MPI library's choice" in dict(network_rows(False, {}))['interface']
+
+
+def test_iface_reaches_the_command_line():
+    from theanompi_ext.launch import mpiexec
+    mpiexec.is_openmpi.cache_clear()
+    assert mpiexec.iface_args('/nonexistent/mpiexec', 'eth1') == ['-iface', 'eth1']
+    assert mpiexec.iface_args('/nonexistent/mpiexec') == [] or \
+        mpiexec.IFACE_VAR in __import__('os').environ
