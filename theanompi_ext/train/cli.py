@@ -153,7 +153,10 @@ def _launch(args, cfg):
     except BadInput as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
-    with temporary_worker_config(cfg.to_dict()) as path:
+    # every rank reads the config: across hosts, from --out (which they all see:
+    # placement.py checks) or else the current folder, not this host's $TMPDIR
+    shared = (cfg.out or os.getcwd()) if args.hostfile else None
+    with temporary_worker_config(cfg.to_dict(), shared) as path:
         env = child_env()
         if sys.stdout.isatty():
             # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it

@@ -8,10 +8,8 @@ Rank 0 prints one line per rank; a host that does not see ``--out`` ends
 every rank with :class:`OutputFolderUnseen` (exit status 2) naming the
 ranks, their hosts and the folder, before anything is trained.
 """
-import socket
-
-from ..collective.world import local_rank
 from ..errors import AllRanks, OutputFolderError
+from ..launch.places import gather_places, placement_text
 from . import outdir
 
 
@@ -19,23 +17,14 @@ class OutputFolderUnseen(AllRanks, OutputFolderError):
     """Some host does not see ``--out`` (raised on every rank; exit status 2)."""
 
 
-def placement_line(rank, size, host, local, dev):
-    """``rank 2 of 4: host tmxh1, local rank 0, device cpu``."""
-    return 'rank %d of %d: host %s, local rank %s, device %s' % (
-        rank, size, host, '?' if local is None else local, dev)
-
-
 def announce_placement(cfg, comm, dev, log=print):
     """Gather every rank's place; rank 0 logs them (unless ``cfg.quiet``, or one
     rank); raise :class:`OutputFolderUnseen` on every rank when a host does not see
     ``cfg.out``. Collective: every rank of ``comm`` calls it. Returns the places,
     ``[(host, local rank, device)]`` in rank order."""
-    local = local_rank(getattr(comm, 'comm', None))
-    mine = (socket.gethostname(), local, dev, outdir.unseen_by_this_host(cfg.out))
-    every = comm.allgather(mine) if comm.size > 1 else [mine]
+    every = gather_places(comm, dev, outdir.unseen_by_this_host(cfg.out))
     if comm.rank == 0 and comm.size > 1 and not cfg.quiet:
-        log('\n'.join(placement_line(r, comm.size, h, l, d)
-                      for r, (h, l, d, _) in enumerate(every)))
+        log(placement_text(every))
     unseen = [(r, h, why) for r, (h, _, _, why) in enumerate(every) if why]
     if unseen:
         raise OutputFolderUnseen(
