@@ -154,6 +154,23 @@ def test_train_across_hosts_equals_one_host(tmp_path):
         assert np.array_equal(one[name], across[name]), name
 
 
+def test_check_equivalence_across_hosts(tmp_path):
+    """``check-equivalence --hostfile``: 2 ranks on 2 hosts against one process; its
+    run folder is made in the current folder (which every host must see)."""
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('tmxh0:1\ntmxh1:1\n')
+    with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
+        env = eh.env(dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])))
+        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli', 'check-equivalence',
+                              '--workers', '2', '--steps', '3', '--hostfile', str(hostfile)],
+                             capture_output=True, text=True, timeout=400, cwd=str(tmp_path),
+                             env=env)
+    assert res.returncode == 0, res.stdout + res.stderr[-4000:]
+    assert 'check-equivalence: PASS' in res.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith('tmx-equiv-')]
+
+
 def test_nothing_left_after_exit_or_exception():
     before = ours()
     with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
