@@ -1,4 +1,6 @@
-"""launch/reach.py: naming the host mpiexec could not start on (no MPI needed)."""
+"""Across hosts, the launcher's side (no MPI needed): naming the host mpiexec could not start
+on (launch/reach.py), hydra's report of a rank on another host, the interface and
+transport lines of info, --iface on the command line."""
 import stat
 
 from theanompi_ext.launch.reach import (LaunchWatch, explain_launch, hostfile_hosts, probe,
@@ -62,3 +64,27 @@ def test_iface_reaches_the_command_line():
     assert mpiexec.iface_args('/nonexistent/mpiexec', 'eth1') == ['-iface', 'eth1']
     assert mpiexec.iface_args('/nonexistent/mpiexec') == [] or \
         mpiexec.IFACE_VAR in __import__('os').environ
+
+
+HYDRA_FAR = b"""===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 3837 RUNNING AT tmxh1
+=   EXIT CODE: 9
+=   CLEANING UP REMAINING PROCESSES
+"""
+
+
+def test_hydras_report_of_a_rank_on_another_host():
+    # measured on 2 emulated hosts: no exit string, mpiexec exits 255
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    rep = LauncherReport()
+    for line in HYDRA_FAR.splitlines(True):
+        rep.feed(line)
+    notes = {0: (3836, 'tmxh0', 'running'), 1: (3837, 'tmxh1', 'running')}
+    msg, status = explain(255, rep, notes, 2)
+    assert status == 9
+    assert ('rank 1 of 2 (pid 3837 on tmxh1) died: exit code 9 (or killed by signal 9: '
+            "hydra's report of a rank on another host)") in msg
+    # a status of the rank's own (not hydra's 255) is kept, and nothing is guessed
+    msg, status = explain(3, rep, notes, 2)
+    assert status == 3 and 'died: exit code 9;' in msg
