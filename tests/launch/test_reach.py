@@ -58,12 +58,6 @@ def test_network_rows_say_what_and_why():
     assert "the MPI library's choice" in dict(network_rows(False, {}))['interface']
 
 
-def test_iface_reaches_the_command_line():
-    from theanompi_ext.launch import mpiexec
-    mpiexec.is_openmpi.cache_clear()
-    assert mpiexec.iface_args('/nonexistent/mpiexec', 'eth1') == ['-iface', 'eth1']
-    assert mpiexec.iface_args('/nonexistent/mpiexec') == [] or \
-        mpiexec.IFACE_VAR in __import__('os').environ
 
 
 HYDRA_FAR = b"""===================================================================================
