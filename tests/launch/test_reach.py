@@ -1,6 +1,6 @@
 """Across hosts, the launcher's side (no MPI needed): naming the host mpiexec could not start
 on (launch/reach.py), hydra's report of a rank on another host, the interface and
-transport lines of info, --iface on the command line."""
+transport lines of info."""
 import stat
 
 from theanompi_ext.launch.reach import (LaunchWatch, explain_launch, hostfile_hosts, probe,
@@ -56,8 +56,6 @@ def test_network_rows_say_what_and_why():
     assert rows['interface'].startswith("eth1 (from OMPI_MCA_btl_tcp_if_include")
     assert rows['transport'] == 'from the environment: OMPI_MCA_pml=ob1'
     assert "the MPI library's choice" in dict(network_rows(False, {}))['interface']
-
-
 
 
 HYDRA_FAR = b"""===================================================================================
