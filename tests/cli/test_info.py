@@ -52,6 +52,9 @@ def test_info_reports_what_it_tried(opencl):
     devices = rows['devices'].split(', ')
     assert devices[0] == 'cpu' and opencl in devices, out
     assert rows['exchange host'] == 'yes - host buffers over MPI (--device cpu)'
+    # the network: which interface and transport, and why (launch/network_choice.py)
+    assert labels[-2:] == ['interface', 'transport'], out
+    assert "the MPI library's choice" in rows['interface'] or '(from ' in rows['interface']
     assert rows['exchange host-staged'].startswith('yes - ') and opencl in \
         rows['exchange host-staged'], out
     if not any(d.startswith('cuda') for d in devices):

@@ -67,14 +67,18 @@ def test_contract_session_on_device_matches_cpu(opencl, tmp_path, model, strateg
     rc, stdout, stderr, dev_out = session(tmp_path, 'dev', '%s,%s' % (opencl, opencl),
                                           model, strategy)
     assert rc == 0, stdout + stderr
-    first = stdout.splitlines()[0]
-    # the first log line names the ranks' devices and the exchange path
+    lines = stdout.splitlines()
+    # the first lines say where each rank runs (launch/places.py), then one line names
+    # the ranks' devices and the exchange path
+    assert lines[0].endswith(', local rank 0, device %s' % opencl), lines[0]
+    assert lines[1].startswith('rank 1 of 2: host '), lines[1]
+    first = lines[2]
     assert 'on 2 ranks (opencl0:0,opencl0:0)' in first, first
     assert 'exchange host-staged MPI on opencl0:0' in first, first
     assert 'exchange mode %s:' % strategy in first, first
     rc, cpu_stdout, stderr, cpu_out = session(tmp_path, 'cpu', 'cpu0,cpu1', model, strategy)
     assert rc == 0, cpu_stdout + stderr
-    assert 'exchange host MPI;' in cpu_stdout.splitlines()[0]
+    assert 'exchange host MPI;' in cpu_stdout.splitlines()[2]
     dev, cpu = load_params(dev_out), load_params(cpu_out)
     assert sorted(dev) == sorted(cpu) and len(cpu) == 4
     sys.path.insert(0, os.path.dirname(MODEL))

@@ -275,3 +275,27 @@ def test_model_error_names_its_file_and_line():
         where = error_location(exc)
     line = [i for i, text in enumerate(open(sb.__file__), 1) if 'no such file batch' in text][0]
     assert where == '%s:%d in train_iter' % (sb.__file__, line)
+
+
+@pytest.mark.root
+def test_session_launcher_with_two_host_devices(tmp_path):
+    """Theano-MPI's multi-node DEVICES on 2 emulated hosts (issue 28): each rank runs on
+    its host (the first lines say so) and training ends at the reference."""
+    from theanompi_ext.launch.emulated_hosts import EmulatedHosts, hosts_problem
+    why = hosts_problem()
+    if why:
+        pytest.skip(why)
+    model, strategy = SWAPPED[0]
+    cfg = tmp_path / 'session.cfg'
+    cfg.write_text("RULE=BSP\nBSP_SYNC_TYPE='kn'\nBSP_EXCH_STRATEGY=%s\n"
+                   'MODELFILE=tmzoo.subbatch\nMODELCLASS=%s\n'
+                   'DEVICES=("tmxh0:cpu0"\n         "tmxh1:cpu0")\nOUT=%s\n'
+                   % (strategy, model_class(model, strategy), tmp_path / 'out'))
+    with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
+        res = run([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-cfg=%s' % cfg], DROPIN,
+                  eh.env(env_with(DROPIN, home=tmp_path)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[:2] == ['rank 0 of 2: host tmxh0, local rank 0, device cpu0',
+                         'rank 1 of 2: host tmxh1, local rank 0, device cpu0'], res.stdout
+    assert_matches_reference(model, load_npz(tmp_path / 'out'))

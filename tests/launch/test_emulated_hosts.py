@@ -92,12 +92,15 @@ def test_the_command_line(tmp_path):
     """``python -m ...emulated_hosts -- CMD``: CMD sees the hostfile and the mpiexec."""
     script = ('cat "$TMX_HOSTFILE"; "$THEANOMPI_EXT_MPIEXEC" -n 2 -f "$TMX_HOSTFILE" '
               'hostname | sort')
-    res = subprocess.run([sys.executable, '-m', 'theanompi_ext.launch.emulated_hosts',
-                          '--hosts', '2', '--ranks', '1', '--', 'sh', '-c', script],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.split() == ['tmxh0:1', 'tmxh1:1', 'tmxh0', 'tmxh1']
-    assert 'tmxh0=10.77.0.1' in res.stderr and not ours()
+    tool = subprocess.Popen([sys.executable, '-m', 'theanompi_ext.launch.emulated_hosts',
+                             '--hosts', '2', '--ranks', '1', '--', 'sh', '-c', script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    out, err = tool.communicate(timeout=60)
+    assert tool.returncode == 0, out + err
+    assert out.split() == ['tmxh0:1', 'tmxh1:1', 'tmxh0', 'tmxh1']
+    # its own namespaces gone (other processes' may exist meanwhile)
+    assert 'tmxh0=10.77.0.1' in err and not [
+        ns for ns in ours() if ns.startswith('%s%d-' % (PREFIX, tool.pid))]
 
 
 def test_cut_and_restore_a_link(tmp_path):
@@ -122,34 +125,56 @@ def test_cut_and_restore_a_link(tmp_path):
 
 TRAIN = ['train', '--workers', '4', '--model', 'digits_cnn', '--epochs', '1', '--warmup',
          'none', '--batch-per-worker', '16', '--base-lr', '0.05', '--ref-batch', '64',
-         '--max-steps', '4', '--quiet']
+         '--max-steps', '4']
 
 
 def _train(out, env, *extra):
     # 4 ranks on this machine's 2 cores: ranks that wait yield the core to the
-    # ones still starting (the same setting on both runs)
-    env = dict(env, MPIR_CVAR_ENABLE_HEAVY_YIELD='1')
+    # ones still starting (the same setting on both runs; MPICH's and Open MPI's)
+    env = dict(env, MPIR_CVAR_ENABLE_HEAVY_YIELD='1', OMPI_MCA_mpi_yield_when_idle='1')
     res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
                          ['--out', str(out)] + list(extra), capture_output=True, text=True,
                          timeout=400, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stdout + res.stderr[-4000:]
-    return np.load(os.path.join(str(out), 'params.npz'))
+    return np.load(os.path.join(str(out), 'params.npz')), res.stdout
 
 
 def test_train_across_hosts_equals_one_host(tmp_path):
-    """2 hosts x 2 ranks (200 Mbit/s between them) with the two-level exchange train
-    to the same bits as 4 ranks on one host with MPI's flat allreduce: the ranks'
-    order and the sums are the same, only where they run differs. Bitwise, not to
-    a float32 tolerance: two-level sums ((x0 + x1) + (x2 + x3)), the order of
-    MPICH's recursive halving on 4 ranks (measured equal; a different flat
-    algorithm could differ by (k-1) 2**-24 sum|x| per sum)."""
-    one = _train(tmp_path / 'one', dict(os.environ), '--topology', 'flat')
+    """2 hosts x 2 ranks (200 Mbit/s between them) with the two-level exchange say
+    where each rank runs and train to the same bits as 4 ranks on one host with MPI's
+    flat allreduce: the ranks' order and the sums are the same, only where they run
+    differs. Bitwise, not to a float32 tolerance: two-level sums ((x0 + x1) + (x2 +
+    x3)), the order of MPICH's recursive halving on 4 ranks (measured equal; a
+    different flat algorithm could differ by (k-1) 2**-24 sum|x| per sum)."""
+    one, _ = _train(tmp_path / 'one', dict(os.environ), '--topology', 'flat')
     with EmulatedHosts(hosts=2, ranks_per_host=2, rate='200mbit') as eh:
-        across = _train(tmp_path / 'across', eh.env(), '--hostfile', eh.hostfile,
-                        '--topology', 'two-level')
+        across, text = _train(tmp_path / 'across', eh.env(), '--hostfile', eh.hostfile,
+                              '--topology', 'two-level')
+    # the first lines say where each rank runs (rank 0 gathers them), before the plan
+    lines = text.splitlines()
+    assert lines[:4] == ['rank %d of 4: host tmxh%d, local rank %d, device cpu'
+                         % (r, r // 2, r % 2) for r in range(4)], text[:2000]
+    assert lines[4].startswith('plan:')
     assert sorted(one.files) == sorted(across.files)
     for name in one.files:
         assert np.array_equal(one[name], across[name]), name
+
+
+def test_check_equivalence_across_hosts(tmp_path):
+    """``check-equivalence --hostfile``: 2 ranks on 2 hosts against one process; its
+    run folder is made in the current folder (which every host must see)."""
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('tmxh0:1\ntmxh1:1\n')
+    with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
+        env = eh.env(dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])))
+        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli', 'check-equivalence',
+                              '--workers', '2', '--steps', '3', '--hostfile', str(hostfile)],
+                             capture_output=True, text=True, timeout=400, cwd=str(tmp_path),
+                             env=env)
+    assert res.returncode == 0, res.stdout + res.stderr[-4000:]
+    assert 'check-equivalence: PASS' in res.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith('tmx-equiv-')]
 
 
 def test_nothing_left_after_exit_or_exception():

@@ -34,6 +34,20 @@ def test_command_lines_of_each_mpi(tmp_path):
     assert launch.forwarded_env_args(hydra, env) == []    # hydra passes everything
 
 
+
+def test_iface_in_each_mpis_words(tmp_path, monkeypatch):
+    # train --iface (THEANOMPI_EXT_IFACE): hydra's -iface, Open MPI's two include lists
+    ompi = _fake_mpiexec(tmp_path, 'ompi', 'mpiexec (Open MPI) 5.0.11')
+    hydra = _fake_mpiexec(tmp_path, 'hydra', 'HYDRA build details:\n    Version: 5.0.2')
+    monkeypatch.setenv(launch.IFACE_VAR, 'ib0')
+    assert launch.mpiexec_command(2, ['prog'], mpiexec=hydra) == [
+        hydra, '-n', '2', '-iface', 'ib0', 'prog']
+    assert launch.mpiexec_command(2, ['prog'], mpiexec=ompi)[3:7] == [
+        '--mca', 'btl_tcp_if_include', 'ib0', '--mca']
+    monkeypatch.delenv(launch.IFACE_VAR)
+    assert launch.iface_args(hydra) == []
+
+
 RANK = r'''
 import json, os, sys
 from mpi4py import MPI

@@ -20,6 +20,7 @@ COMMANDS = [
     'theanompi_ext.data.convert',
     'theanompi_ext.simulate.cli',
     'theanompi_ext.bench.cli',
+    'theanompi_ext.launch.hostlists',
 ]
 
 

@@ -51,7 +51,9 @@ def gather(timeout=DEFAULT_TIMEOUT):
         # after the listing, which opens nothing: one child per device, as one rank per device
         probed['each'] = [(d, probes.start('engine', d, hint=COMPILE_HINT)) for d in names]
         rows += report_rows(probed, mpiexec, mpiexec_error)
-    return rows
+    from ..launch.mpiexec import is_openmpi
+    from ..launch.network_choice import network_rows
+    return rows + network_rows(bool(mpiexec) and is_openmpi(mpiexec))
 
 
 def main(args=None):

@@ -240,7 +240,8 @@ class ObjectsOverMPI(object):
                                                       self.rank, self.size)), poll_s=0.005)
 
     def abort(self, code=1):
-        self.comm.Abort(code)
+        from .abort_alone import abort
+        abort(self.comm.Abort, code)     # also where the launcher cannot be reached
 
     def host_allreduce(self, buf, op='sum'):
         """Reduce host float32 ``buf`` in place over ``comm`` with ``op``."""

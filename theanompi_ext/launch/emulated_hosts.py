@@ -10,7 +10,7 @@ machine's own network, and deleting the namespaces deletes everything.
 ``with EmulatedHosts(hosts=2, ranks_per_host=2, rate='200mbit') as eh:`` makes
 them and writes, into a temporary folder:
 
-``hostfile``   ``tmxh0:2`` ... (hydra's ``-f`` format);
+``hostfile``   ``tmxh0:2`` ... (hydra's ``-f`` format; ``tmxh0 slots=2`` for Open MPI);
 ``mpiexec``    a script that runs the venv's mpiexec in the hub with
                ``-launcher ssh -launcher-exec WRAPPER -iface br0`` and MPICH
                forced onto TCP between hosts (:data:`HOSTS_ENV`; its default
@@ -20,7 +20,13 @@ them and writes, into a temporary folder:
                ssh options and runs CMD in HOST's namespace with HOST as its
                hostname.
 
-``eh.env()`` sets ``THEANOMPI_EXT_MPIEXEC`` to that mpiexec, so
+With ``mpiexec=`` an Open MPI mpiexec (or one found first, as the launcher
+finds it), the mpiexec script runs it in the hub with ``--prtemca
+plm_ssh_agent WRAPPER`` (Open MPI 5's PRRTE; ``plm_rsh_agent`` in 4.x) and
+its out-of-band and TCP traffic kept on the hosts' subnet.
+
+``eh.env()`` sets ``THEANOMPI_EXT_MPIEXEC`` to that mpiexec (and
+``THEANOMPI_EXT_LAUNCH_AGENT`` to WRAPPER, for ``launch/reach.py``), so
 ``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
 hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
 and up during a run; ``rate`` (tbf) and ``delay`` (netem) shape every link.
@@ -48,7 +54,9 @@ import tempfile
 from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError,
                                delete_namespace, namespaces, netns_problem, tbf_link)
 from ..files.stale import pid_alive
-from .mpiexec import MPIEXEC_VAR, find_mpiexec
+from .hostlists import format_hostfile
+from .mpiexec import MPIEXEC_VAR, find_mpiexec, is_openmpi
+from .reach import AGENT_VAR
 
 PREFIX = 'tmxhosts'
 SUBNET = '10.77.0.'
@@ -129,16 +137,28 @@ done
 host=$1; shift
 case "$host" in
 %(cases)s
-  *) echo "emulated hosts: no host $host" >&2; exit 255 ;;
+  *) echo "ssh: Could not resolve hostname $host: Name or service not known (emulated hosts)" >&2; exit 255 ;;
 esac
-# like ssh: the words are joined and run by a shell, on the host, as the host
-exec ip netns exec "$ns" unshare -u sh -c "hostname $host && exec $*"
+# like ssh: the words are joined and run by a shell, on the host, as the host; and
+# nothing of the caller's but the three streams reaches the host (hydra leaves its
+# sockets open: inherited, mpiexec's end of a proxy's connection would outlive
+# mpiexec and keep that proxy waiting)
+# (Open MPI's daemon command is shell code, VAR=...; export VAR; prted ...: not exec'd)
+case "$*" in *\;*|*=*) run="$*" ;; *) run="exec $*" ;; esac
+exec ip netns exec "$ns" unshare -u bash -c "for fd in \$(ls /proc/\$\$/fd); do [ \$fd -gt 2 ] && eval \"exec \$fd>&-\" 2>/dev/null; done; hostname $host && $run"
 '''
 
 MPIEXEC_SCRIPT = r'''#!/bin/sh
 # the venv's mpiexec, run in the hub of the emulated hosts, launching through them
 case "$1" in %(queries)s) exec %(real)s "$@" ;; esac
 exec ip netns exec %(hub)s %(real)s -launcher ssh -launcher-exec %(launch)s -iface %(bridge)s %(genv)s "$@"
+'''
+
+OPENMPI_SCRIPT = r'''#!/bin/sh
+# Open MPI's mpiexec, run in the hub of the emulated hosts, starting its daemons through
+# them (PRRTE's ssh agent) and keeping its traffic on the hosts' network
+case "$1" in %(queries)s) exec %(real)s "$@" ;; esac
+exec ip netns exec %(hub)s %(real)s --prtemca plm_ssh_agent %(launch)s --prtemca oob_tcp_if_include %(subnet)s --mca btl_tcp_if_include %(subnet)s "$@"
 '''
 
 REAPER = ('import shutil, sys; sys.stdin.read(); '
@@ -157,7 +177,7 @@ class EmulatedHosts(object):
     when they cannot be made (not root, no iproute2, no netem in the kernel).
     """
 
-    def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None):
+    def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None, mpiexec=None):
         if int(hosts) < 1 or int(hosts) > 250 or int(ranks_per_host) < 1:
             raise ValueError('hosts must be 1..250 and ranks_per_host >= 1')
         if rate is not None:
@@ -167,6 +187,7 @@ class EmulatedHosts(object):
         self.hosts = [host_name(i) for i in range(self.n)]
         self.hub = '%s%d-hub' % (PREFIX, os.getpid())
         self.folder = self.hostfile = self.mpiexec = self._reaper = None
+        self.real_mpiexec, self.openmpi = mpiexec, False
 
     def namespace(self, host):
         """The namespace of ``host`` (a name or an index)."""
@@ -249,16 +270,19 @@ class EmulatedHosts(object):
                           for i, h in enumerate(self.hosts))
         launch = self._script('launch', LAUNCH_SCRIPT % {'cases': cases})
         genv = ' '.join('-genv %s %s' % (k, q(v)) for k, v in sorted(HOSTS_ENV.items()))
-        real = find_mpiexec()
+        real = self.real_mpiexec or find_mpiexec()
+        self.openmpi = is_openmpi(real)
         if os.path.basename(os.path.dirname(real)).startswith(PREFIX + '-'):
             raise NetworkSetupError('%s=%s is an emulated-hosts mpiexec already: unset it'
                                     % (MPIEXEC_VAR, real))
-        self.mpiexec = self._script('mpiexec', MPIEXEC_SCRIPT % {
+        self.mpiexec = self._script('mpiexec', (OPENMPI_SCRIPT if self.openmpi else
+                                                MPIEXEC_SCRIPT) % {
             'queries': '|'.join(QUERY_OPTIONS), 'real': q(real), 'hub': q(self.hub),
-            'launch': q(launch), 'bridge': BRIDGE, 'genv': genv})
+            'launch': q(launch), 'bridge': BRIDGE, 'genv': genv, 'subnet': SUBNET + '0/24'})
         self.hostfile = os.path.join(self.folder, 'hostfile')
         with open(self.hostfile, 'w') as fh:
-            fh.write(''.join('%s:%d\n' % (h, self.ranks_per_host) for h in self.hosts))
+            fh.write(format_hostfile([(h, self.ranks_per_host) for h in self.hosts],
+                                     'openmpi' if self.openmpi else 'mpich'))
 
     def _script(self, name, text):
         path = os.path.join(self.folder, name)
@@ -277,6 +301,7 @@ class EmulatedHosts(object):
         the emulated hosts' mpiexec and ``TMX_HOSTFILE`` to the hostfile."""
         env = dict(os.environ if base is None else base)
         env[MPIEXEC_VAR], env['TMX_HOSTFILE'] = self.mpiexec, self.hostfile
+        env[AGENT_VAR] = os.path.join(self.folder, 'launch')   # what hydra starts proxies with
         return env
 
     def cut(self, host):

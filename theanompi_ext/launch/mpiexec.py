@@ -17,6 +17,12 @@ from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, BadInput
 #: The environment variable that names the mpiexec to use.
 MPIEXEC_VAR = 'THEANOMPI_EXT_MPIEXEC'
 
+#: The network interface the ranks' MPI traffic should use (``train --iface``):
+#: hydra's ``-iface``, Open MPI's ``btl_tcp_if_include`` and ``oob_tcp_if_include``.
+#: Unset: the MPI library chooses (hydra: the address the host's name resolves
+#: to; Open MPI: every interface that is up, loopback aside).
+IFACE_VAR = 'THEANOMPI_EXT_IFACE'
+
 #: What every mpiexec the project starts gets in its environment unless the
 #: user set it. Open MPI's mpiexec refuses to run as root without these (a
 #: container's user often is root); MPICH ignores them.
@@ -64,12 +70,24 @@ def is_openmpi(mpiexec):
     return 'Open MPI' in out or 'OpenRTE' in out
 
 
+def iface_args(mpiexec, iface=None):
+    """mpiexec arguments that keep MPI's traffic on interface ``iface`` (default
+    ``$THEANOMPI_EXT_IFACE``); ``[]`` when none is asked for."""
+    iface = iface or os.environ.get(IFACE_VAR)
+    if not iface:
+        return []
+    if is_openmpi(mpiexec):
+        return ['--mca', 'btl_tcp_if_include', iface, '--mca', 'oob_tcp_if_include', iface]
+    return ['-iface', iface]
+
+
 def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=()):
-    """The command line that starts ``nprocs`` copies of ``argv``."""
+    """The command line that starts ``nprocs`` copies of ``argv`` (on the interface
+    of :data:`IFACE_VAR` when it is set)."""
     if int(nprocs) < 1:
         raise ValueError('workers must be >= 1, got %r' % (nprocs,))
     mpiexec = mpiexec or find_mpiexec()
-    cmd = [mpiexec, '-n', str(int(nprocs))]
+    cmd = [mpiexec, '-n', str(int(nprocs))] + iface_args(mpiexec)
     if is_openmpi(mpiexec):
         # By slot: ranks fill each host in order, as hydra places them, and
         # OMPI_COMM_WORLD_LOCAL_RANK follows the rank order (Open MPI's default

@@ -21,13 +21,16 @@ import sys
 import threading
 import time
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
+from .reach import LaunchWatch, explain_launch
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
+#: hydra's exit status when one of its proxies (on another host) ended badly.
+HYDRA_LAUNCHER_ERROR = 255
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -128,10 +131,18 @@ def explain(status, report, notes, size=None, first_exit=None):
         # Open MPI exits 128 + N for a rank killed by signal N, hydra N: N under
         # both, so that 128 + N keeps meaning "the launcher was stopped"
         status = report.signal
+    far = report.exit_string is None and report.code and status == HYDRA_LAUNCHER_ERROR
+    if far:
+        # hydra, a rank on another host: its proxy reports a rank killed by signal N
+        # as exit code N, no exit string, and mpiexec exits 255 (measured, 2 hosts):
+        # the rank's code, as for a rank of this host
+        status = report.code
     who = ('rank %d%s (pid %d on %s)' % (rank, of, pid, host) if rank is not None
            else 'a rank (pid %d on %s; its rank is unknown: it died before reporting)'
            % (pid, host))
     how = report.exit_string or ('exit code %s' % report.code)
+    if far:
+        how += " (or killed by signal %s: hydra's report of a rank on another host)" % report.code
     return ('theanompi-ext: %s died: %s; mpiexec stopped the other ranks (exit status %d)'
             % (who, how, status)), status
 
@@ -237,9 +248,9 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _pass_through(stream, dest, report):
+def _pass_through(stream, dest, *reports):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
-    line, showing each line to ``report``; returns at the end of the stream."""
+    line, showing each line to each of ``reports``; returns at the end of the stream."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
         if raw is not None:
@@ -247,10 +258,11 @@ def _pass_through(stream, dest, report):
         else:
             dest.write(line.decode('utf-8', 'replace'))
         dest.flush()
-        report.feed(line)
+        for report in reports:
+            report.feed(line)
 
 
-def run_explained(cmd, env=None, size=None):
+def run_explained(cmd, env=None, size=None, hostfile=None):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
     SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
@@ -260,28 +272,35 @@ def run_explained(cmd, env=None, size=None):
     Returns the exit status (see :mod:`theanompi_ext.errors`).
 
     Both streams pass through: hydra writes its report on standard output,
-    Open MPI on standard error (each read with a report of its own).
+    Open MPI on standard error (each read with a report of its own). When
+    mpiexec could not start on some host of ``hostfile``, the message names
+    the host and the status is 2 (:mod:`.reach`).
     """
     folder = make_ranks_folder()
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
-    out_report, err_report = LauncherReport(), LauncherReport()
+    out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
     proc = None
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
-                                  args=(proc.stderr, sys.stderr, err_report))
+                                  args=(proc.stderr, sys.stderr, err_report, launch))
         err_thread.start()
         watch.start()
-        _pass_through(proc.stdout, sys.stdout, out_report)
+        _pass_through(proc.stdout, sys.stdout, out_report, launch)
         status = proc.wait()
         err_thread.join()
         watch.stop()
         report = out_report if out_report.pid is not None else err_report
-        message, status = explain(status, report, read_rank_notes(folder), size,
-                                  first_exit=watch.first())
+        notes = read_rank_notes(folder)
+        message, status = explain(status, report, notes, size, first_exit=watch.first())
+        if status and not notes and report.pid is None:
+            unreached = explain_launch(launch, hostfile)
+            if unreached:
+                message, status = ('theanompi-ext: %s; no rank was started (exit status %d)'
+                                   % (unreached, EXIT_BAD_INPUT)), EXIT_BAD_INPUT
         if message:
             sys.stderr.write(message + '\n')
             sys.stderr.flush()

@@ -30,9 +30,12 @@ def write_worker_config(config, path):
 
 
 @contextlib.contextmanager
-def temporary_worker_config(config):
-    """The path of a temporary JSON file holding ``config``, removed afterwards."""
-    with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as fh:
+def temporary_worker_config(config, folder=None):
+    """The path of a temporary JSON file holding ``config`` (in ``folder``, default
+    $TMPDIR: across hosts every rank reads it, so a folder they all see), removed
+    afterwards."""
+    with tempfile.NamedTemporaryFile('w', suffix='.json', prefix='.theanompi-ext-config-',
+                                     dir=folder, delete=False) as fh:
         path = fh.name
     try:
         yield write_worker_config(config, path)

@@ -127,7 +127,11 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     open_on_every_rank(devices[rank], comm)
     from .stepper import ContractStepper
     from .options import resolve_options
+    from ..launch.places import gather_places, placement_text
     log = log if rank == 0 else (lambda *a, **k: None)
+    places = gather_places(comm, devices[rank])    # the first lines: which rank runs where
+    if size > 1:
+        log(placement_text(places))
     model = _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
     opts = resolve_options(model)
     mode, why, chunks = choose_mode(model, exch_strategy)

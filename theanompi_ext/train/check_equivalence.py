@@ -82,7 +82,10 @@ def main(args):
     """Run both, compare, print the figure last."""
     from ..launch.mpiexec import child_env, run_mpiexec
     from ..launch.worker_job import worker_command, write_worker_config
-    out = tempfile.mkdtemp(prefix='tmx-equiv-')
+    hostfile = getattr(args, 'hostfile', None)
+    # rank 0 writes params.npz there and every rank reads the config: across hosts, a
+    # folder they all see (the current one, docs/multinode.md), not this host's $TMPDIR
+    out = tempfile.mkdtemp(prefix='tmx-equiv-', dir=os.getcwd() if hostfile else None)
     cfg = _cfg(args, out)
     path = write_worker_config(cfg.to_dict(), os.path.join(out, 'cfg.json'))
     tol = tolerance(args.wire_dtype)
@@ -95,7 +98,8 @@ def main(args):
               'summed gradient by up to 2u = %.1e and momentum %.1f keeps 1/(1-m) = %.0f '
               'times that: tolerance 2u/(1-m)' % (args.wire_dtype, tol * (1 - MOMENTUM),
                                                   MOMENTUM, 1 / (1 - MOMENTUM)))
-    rc = run_mpiexec(worker_command(args.workers, path), env=child_env(), timeout=args.timeout)
+    rc = run_mpiexec(worker_command(args.workers, path, hostfile), env=child_env(),
+                     timeout=args.timeout)
     if rc != EXIT_OK:
         print('check-equivalence: the %d-rank run failed (exit %d)' % (args.workers, rc))
         return rc
@@ -142,6 +146,10 @@ def register(sub):
     p.add_argument('--wire-dtype', default='float32', choices=WIRE_DTYPES,
                    help='what the distributed run\'s gradient buckets travel as, one of '
                         '%(choices)s; the reference stays float32 (default %(default)s)')
+    p.add_argument('--hostfile', default=None, metavar='FILE',
+                   help='MPI host file: the K ranks across machines; the run folder is then '
+                        'made in the current folder, which every host must see (default: '
+                        'all on this machine, folder in $TMPDIR)')
     p.add_argument('--timeout', type=float, default=600, metavar='S',
                    help='the distributed run is stopped after this many seconds '
                         '(default %(default)s)')

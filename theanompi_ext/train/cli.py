@@ -34,6 +34,10 @@ def add_launch_arguments(p, workers=None, config=None, dry_run=None):
     g.add_argument('--hostfile', default=None, metavar='FILE',
                    help='MPI host file, to place the ranks on several machines (default: '
                         'all on this one)')
+    g.add_argument('--iface', default=None, metavar='IFACE',
+                   help="network interface for MPI's traffic between hosts, e.g. ib0 or "
+                        "eth1: hydra's -iface, Open MPI's btl/oob_tcp_if_include (default: "
+                        "$THEANOMPI_EXT_IFACE, else the MPI library's choice)")
     g.add_argument('--config', default=None, metavar='FILE',
                    help=config or 'key=value file of training options (Theano-MPI session '
                                   'style); options on the command line override it')
@@ -42,6 +46,13 @@ def add_launch_arguments(p, workers=None, config=None, dry_run=None):
                                    'learning rates, exchange, outputs) and warnings, launch '
                                    'nothing')
     return g
+
+
+def use_iface(args):
+    """``--iface``: the jobs this process launches keep MPI's traffic on it."""
+    if getattr(args, 'iface', None):
+        from ..launch.mpiexec import IFACE_VAR
+        os.environ[IFACE_VAR] = args.iface
 
 
 def register(sub):
@@ -114,6 +125,9 @@ def main(args):
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
     os.environ[outdir.PREPARED_VAR] = '1'
+    use_iface(args)
+    if lock is not None:
+        os.environ[outdir.MARK_VAR] = lock.holder   # each rank checks that its host sees it
     try:
         return _launch(args, cfg)
     finally:
@@ -123,6 +137,7 @@ def main(args):
         if lock is not None:
             lock.release()
         os.environ.pop(outdir.PREPARED_VAR, None)
+        os.environ.pop(outdir.MARK_VAR, None)
 
 
 def _launch(args, cfg):
@@ -138,10 +153,13 @@ def _launch(args, cfg):
     except BadInput as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
-    with temporary_worker_config(cfg.to_dict()) as path:
+    # every rank reads the config: across hosts, from --out (which they all see:
+    # placement.py checks) or else the current folder, not this host's $TMPDIR
+    shared = (cfg.out or os.getcwd()) if args.hostfile else None
+    with temporary_worker_config(cfg.to_dict(), shared) as path:
         env = child_env()
         if sys.stdout.isatty():
             # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
             env[STDOUT_TTY_VAR] = '1'
         return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
-                             size=args.workers)
+                             size=args.workers, hostfile=args.hostfile)

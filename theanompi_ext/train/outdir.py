@@ -14,6 +14,13 @@ mpiexec (and rank 0 does when the user started mpiexec):
   lock of a dead job is never in the way; the file names the holder.
 * temporary files left by a killed writer (``*.tmp-<pid>``) are removed.
 
+Across hosts (``--hostfile``) rank 0 writes the outputs and checkpoints and
+every rank reads the checkpoint on ``--resume``, so ``--out`` must be one
+folder that every host sees (a shared filesystem). The launcher hands the
+lock file's line to the ranks (:data:`MARK_VAR`); each rank reads it back
+(:func:`unseen_by_this_host`), so a host that does not see the folder, or
+sees a folder of its own at the same path, is found before training.
+
 Every refusal is a :class:`OutputFolderError` (exit status 2) naming the
 option and the path.
 """
@@ -29,6 +36,8 @@ LOCK_NAME = '.theanompi-ext.lock'
 #: Set in the ranks' environment by a launcher that has done :func:`prepare`.
 PREPARED_VAR = 'THEANOMPI_EXT_OUT_PREPARED'
 _RUN_FILES = ('checkpoint.h5', 'summary.json')
+#: Set in the ranks' environment by the launcher: the line it wrote in the lock file.
+MARK_VAR = 'THEANOMPI_EXT_OUT_MARK'
 
 
 def _writable_folder(folder, option):
@@ -98,9 +107,9 @@ class FolderLock(object):
                                     'end or choose another --out'
                                     % (folder, holder or 'holder unknown'))
         os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, ('pid %d on %s since %s\n' % (
-            os.getpid(), socket.gethostname(),
-            time.strftime('%Y-%m-%d %H:%M:%S'))).encode(), 0)
+        self.holder = 'pid %d on %s since %s' % (os.getpid(), socket.gethostname(),
+                                                  time.strftime('%Y-%m-%d %H:%M:%S'))
+        os.pwrite(self.fd, (self.holder + '\n').encode(), 0)
 
     def release(self):
         """Drop the lock (idempotent); the file stays, empty of meaning."""
@@ -125,3 +134,23 @@ def prepare(cfg):
         lock.release()
         raise
     return lock
+
+
+def unseen_by_this_host(out, environ=None):
+    """Why this host does not see the launcher's ``out`` folder, or None.
+
+    None also when no launcher marked it (:data:`MARK_VAR` unset: the user's own
+    mpiexec, where rank 0 prepared the folder itself)."""
+    mark = (os.environ if environ is None else environ).get(MARK_VAR)
+    if not out or not mark:
+        return None
+    path = os.path.join(out, LOCK_NAME)
+    try:
+        with open(path) as f:
+            found = f.readline().strip()
+    except OSError as exc:
+        return 'cannot read %s (%s)' % (path, exc.strerror or exc)
+    if found != mark:
+        return '%s is not the launcher\'s (it says %r, the launcher wrote %r)' % (
+            path, found, mark)
+    return None

@@ -27,6 +27,8 @@ def run(cfg, comm=None, log=print):
     if dev != 'cpu':
         from ..step.device import choose_exchange_path
         choose_exchange_path(cfg.exchange_path, dev, comm)   # NCCL asked for where it cannot run
+    from .placement import announce_placement
+    announce_placement(cfg, comm, dev, log)     # the first lines; every host sees --out
     lock = prepare_outputs(cfg, comm)
     try:
         return _run(cfg, comm, log, t0=time.perf_counter())

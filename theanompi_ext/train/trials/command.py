@@ -5,7 +5,7 @@ import sys
 
 from ...errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from .. import options
-from ..cli import add_launch_arguments, before_launch
+from ..cli import add_launch_arguments, before_launch, use_iface
 from .runs import launch_run, run_config, run_dir
 from .settings import collect_settings
 from .stats import LAST_EPOCHS
@@ -57,6 +57,7 @@ def main(args):
         sys.stderr.write('theanompi-ext trials: error: %s\n' % exc)
         return EXIT_BAD_INPUT
     os.makedirs(args.out, exist_ok=True)
+    use_iface(args)
     json_path = os.path.join(args.out, 'trials.json')
     print('trials: %d setting(s) x %d runs -> %s' % (len(settings), args.runs, args.out))
     try:

@@ -1,0 +1,82 @@
+"""Across hosts, the launcher's side (no MPI needed): naming the host mpiexec could not start
+on (launch/reach.py), hydra's report of a rank on another host, the interface and
+transport lines of info."""
+import stat
+
+from theanompi_ext.launch.reach import (LaunchWatch, explain_launch, hostfile_hosts, probe,
+                                        unreachable)
+
+
+def _agent(tmp_path):
+    # answers for host 'up' only, as ssh would
+    path = tmp_path / 'agent'
+    path.write_text('#!/bin/sh\n[ "$1" = up ] && exit 0\n'
+                    'echo "ssh: Could not resolve hostname $1: Name or service not known" >&2\n'
+                    'exit 255\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_hostfile_hosts_either_format(tmp_path):
+    f = tmp_path / 'h'
+    f.write_text('# nodes\nn1:2\nn2 slots=4\n\nn1:1  # again\n')
+    assert hostfile_hosts(str(f)) == ['n1', 'n2']
+
+
+def test_probe_and_unreachable(tmp_path):
+    agent = _agent(tmp_path)
+    assert probe('up', agent) is None
+    why = probe('down', agent)
+    assert why.startswith('`agent down true` failed with status 255: ssh: Could not resolve')
+    assert [h for h, _ in unreachable(['up', 'down', 'gone'], agent)] == ['down', 'gone']
+    assert 'cannot run the launcher agent' in probe('up', str(tmp_path / 'none'))
+
+
+def test_watch_and_message(tmp_path):
+    agent, hosts = _agent(tmp_path), tmp_path / 'hosts'
+    hosts.write_text('up:1\ndown:1\n')
+    w = LaunchWatch()
+    w.feed(b'[mpiexec@vm] main (mpiexec.c:270): process manager error waiting for completion\n')
+    assert not w.failed and explain_launch(w, str(hosts), agent) is None
+    w.feed(b'[mpiexec@vm] ui_cmd_cb (pmiserv_pmci.c:51): Launch proxy failed.\n')
+    assert explain_launch(w, str(hosts), agent).startswith('cannot start the job on host down (')
+    w.feed(b'[proxy:1@n7] HYDU_sock_connect (sock.c:140): unable to connect from "n7" to '
+           b'"10.0.0.1" (No route to host)\n')
+    assert explain_launch(w, str(hosts), agent).startswith(
+        'host n7 could not reach the launcher\'s host at 10.0.0.1 (No route to host): ')
+
+
+def test_network_rows_say_what_and_why():
+    from theanompi_ext.launch.network_choice import network_rows
+    rows = dict(network_rows(False, {'THEANOMPI_EXT_IFACE': 'ib0', 'HYDRA_IFACE': 'eth0'}))
+    assert rows['interface'].startswith('ib0 (from THEANOMPI_EXT_IFACE: train --iface')
+    assert rows['transport'].startswith("MPICH's default netmod")
+    rows = dict(network_rows(True, {'OMPI_MCA_btl_tcp_if_include': 'eth1',
+                                    'OMPI_MCA_pml': 'ob1'}))
+    assert rows['interface'].startswith("eth1 (from OMPI_MCA_btl_tcp_if_include")
+    assert rows['transport'] == 'from the environment: OMPI_MCA_pml=ob1'
+    assert "the MPI library's choice" in dict(network_rows(False, {}))['interface']
+
+
+HYDRA_FAR = b"""===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 3837 RUNNING AT tmxh1
+=   EXIT CODE: 9
+=   CLEANING UP REMAINING PROCESSES
+"""
+
+
+def test_hydras_report_of_a_rank_on_another_host():
+    # measured on 2 emulated hosts: no exit string, mpiexec exits 255
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    rep = LauncherReport()
+    for line in HYDRA_FAR.splitlines(True):
+        rep.feed(line)
+    notes = {0: (3836, 'tmxh0', 'running'), 1: (3837, 'tmxh1', 'running')}
+    msg, status = explain(255, rep, notes, 2)
+    assert status == 9
+    assert ('rank 1 of 2 (pid 3837 on tmxh1) died: exit code 9 (or killed by signal 9: '
+            "hydra's report of a rank on another host)") in msg
+    # a status of the rank's own (not hydra's 255) is kept, and nothing is guessed
+    msg, status = explain(3, rep, notes, 2)
+    assert status == 3 and 'died: exit code 9;' in msg

@@ -1,0 +1,60 @@
+"""The first lines of a run (where each rank runs) and the check that every host sees
+--out (train/placement.py, train/outdir.unseen_by_this_host), with a stand-in
+communicator; and MPI_Abort's fallback when the launcher cannot be reached."""
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from theanompi_ext.train import outdir
+from theanompi_ext.train.config import TrainConfig
+from theanompi_ext.train.placement import OutputFolderUnseen, announce_placement
+
+
+class TwoRanks(object):
+    """Rank 0 of 2; the other rank's place is given."""
+    rank, size = 0, 2
+
+    def __init__(self, other):
+        self.other = other
+
+    def allgather(self, obj, label=None):
+        return [obj, self.other]
+
+
+def test_unseen_by_this_host(tmp_path):
+    lock = outdir.FolderLock(str(tmp_path))
+    try:
+        env = {outdir.MARK_VAR: lock.holder}
+        assert outdir.unseen_by_this_host(str(tmp_path), env) is None
+        assert outdir.unseen_by_this_host(str(tmp_path), {}) is None     # no launcher mark
+        assert 'cannot read' in outdir.unseen_by_this_host(str(tmp_path / 'no'), env)
+        other = dict(env, **{outdir.MARK_VAR: 'pid 1 on elsewhere since then'})
+        assert "is not the launcher's" in outdir.unseen_by_this_host(str(tmp_path), other)
+    finally:
+        lock.release()
+
+
+def test_lines_then_refusal(tmp_path, monkeypatch):
+    cfg = TrainConfig(out=str(tmp_path), quiet=False)
+    lines = []
+    places = announce_placement(cfg, TwoRanks(('far', 0, 'cpu', None)), 'cpu', lines.append)
+    host = socket.gethostname()
+    assert lines == ['rank 0 of 2: host %s, local rank ?, device cpu\n'
+                     'rank 1 of 2: host far, local rank 0, device cpu' % host]
+    assert places[1] == ('far', 0, 'cpu')
+    with pytest.raises(OutputFolderUnseen, match=r'--out %s is not seen by rank 1 on host far '
+                                                 r'\(cannot read' % tmp_path) as e:
+        announce_placement(cfg, TwoRanks(('far', 0, 'cpu', 'cannot read it')), 'cpu',
+                           lines.append)
+    assert isinstance(e.value, ValueError)       # bad input: exit status 2
+
+
+def test_mpi_abort_that_never_returns_ends_the_rank():
+    code = ('import time\nfrom theanompi_ext.collective.abort_alone import abort\n'
+            'abort(lambda c: time.sleep(30), 4, alone_s=0.3)\n')
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, '-c', code], timeout=20)
+    assert res.returncode == 4 and time.monotonic() - t0 < 10

@@ -1,0 +1,126 @@
+"""``theanompi-ext hostfile``: a batch scheduler's host list as an MPI hostfile.
+
+SLURM gives a compressed node list (``$SLURM_JOB_NODELIST``, expanded by
+``scontrol show hostnames``) and the tasks per node
+(``$SLURM_TASKS_PER_NODE``, e.g. ``2(x3),1``); LSF gives ``$LSB_MCPU_HOSTS``
+(``hostA 2 hostB 2``) or ``$LSB_HOSTS`` (one word per slot). Both become
+``[(host, slots), ...]`` in the scheduler's order, written as MPICH's
+(``host:slots``) or Open MPI's (``host slots=N``) hostfile.
+"""
+import os
+import re
+import subprocess
+import sys
+
+from ..errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+
+
+def slurm_tasks_per_node(text):
+    """``'2(x3),1'`` -> ``[2, 2, 2, 1]`` (SLURM's ``SLURM_TASKS_PER_NODE``)."""
+    counts = []
+    for part in text.strip().split(','):
+        m = re.fullmatch(r'(\d+)(?:\(x(\d+)\))?', part.strip())
+        if not m:
+            raise BadInput('SLURM_TASKS_PER_NODE=%r: expected e.g. 2(x3),1' % text)
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def from_slurm(environ=None, hostnames=None):
+    """``[(host, slots)]`` of the SLURM job: the nodes from ``hostnames`` (a list;
+    default ``scontrol show hostnames $SLURM_JOB_NODELIST``), the slots from
+    ``SLURM_TASKS_PER_NODE`` (1 each when unset)."""
+    env = os.environ if environ is None else environ
+    nodelist = env.get('SLURM_JOB_NODELIST') or env.get('SLURM_NODELIST')
+    if hostnames is None:
+        if not nodelist:
+            raise BadInput('SLURM_JOB_NODELIST is not set: run inside a SLURM allocation '
+                           '(salloc, sbatch)')
+        hostnames = _scontrol_hostnames(nodelist)
+    if not hostnames:
+        raise BadInput('SLURM gave no hosts (SLURM_JOB_NODELIST=%r)' % nodelist)
+    tasks = env.get('SLURM_TASKS_PER_NODE')
+    slots = slurm_tasks_per_node(tasks) if tasks else [1] * len(hostnames)
+    if len(slots) != len(hostnames):
+        raise BadInput('SLURM_TASKS_PER_NODE=%r gives %d nodes, the node list %d'
+                       % (tasks, len(slots), len(hostnames)))
+    return list(zip(hostnames, slots))
+
+
+def _scontrol_hostnames(nodelist):
+    try:
+        res = subprocess.run(['scontrol', 'show', 'hostnames', nodelist],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BadInput('scontrol show hostnames %s: %s' % (nodelist, exc))
+    if res.returncode != 0:
+        raise BadInput('scontrol show hostnames %s failed: %s' % (nodelist, res.stderr.strip()))
+    return res.stdout.split()
+
+
+def from_lsf(environ=None):
+    """``[(host, slots)]`` of the LSF job from ``LSB_MCPU_HOSTS`` (``host n ...``),
+    else ``LSB_HOSTS`` (a host once per slot), in LSF's order."""
+    env = os.environ if environ is None else environ
+    mcpu = env.get('LSB_MCPU_HOSTS', '').split()
+    if mcpu:
+        if len(mcpu) % 2 or not all(n.isdigit() for n in mcpu[1::2]):
+            raise BadInput('LSB_MCPU_HOSTS=%r: expected "host slots host slots ..."'
+                           % env['LSB_MCPU_HOSTS'])
+        return _merged(zip(mcpu[0::2], (int(n) for n in mcpu[1::2])))
+    words = env.get('LSB_HOSTS', '').split()
+    if not words:
+        raise BadInput('neither LSB_MCPU_HOSTS nor LSB_HOSTS is set: run inside an LSF job')
+    return _merged((w, 1) for w in words)
+
+
+def _merged(pairs):
+    hosts = []
+    for host, n in pairs:
+        if hosts and hosts[-1][0] == host:
+            hosts[-1] = (host, hosts[-1][1] + n)
+        else:
+            hosts.append((host, n))
+    return hosts
+
+
+def format_hostfile(hosts, flavour='mpich'):
+    """The hostfile text of ``[(host, slots)]``: ``host:n`` (MPICH's hydra) or
+    ``host slots=n`` (Open MPI)."""
+    form = '%s slots=%d\n' if flavour == 'openmpi' else '%s:%d\n'
+    return ''.join(form % (h, n) for h, n in hosts)
+
+
+def register(sub):
+    """Add the ``hostfile`` sub-command."""
+    p = sub.add_parser('hostfile', help="a batch scheduler's hosts as an MPI hostfile",
+                       description="Write the hosts of the current SLURM or LSF job as a "
+                                   "hostfile for train --hostfile (docs/multinode.md).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument('--from-slurm', action='store_true',
+                     help='read SLURM_JOB_NODELIST (through scontrol) and '
+                          'SLURM_TASKS_PER_NODE')
+    src.add_argument('--from-lsf', action='store_true',
+                     help='read LSB_MCPU_HOSTS, or LSB_HOSTS when that is unset')
+    p.add_argument('--format', choices=('mpich', 'openmpi'), default='mpich',
+                   help="the launcher's syntax: host:N (mpich) or host slots=N (openmpi) "
+                        "(default mpich)")
+    p.add_argument('--out', default=None, metavar='FILE',
+                   help='write the hostfile here instead of standard output')
+    p.set_defaults(func=main)
+
+
+def main(args):
+    """Print or write the hostfile; status 2 with the reason when there is none."""
+    try:
+        hosts = from_slurm() if args.from_slurm else from_lsf()
+    except BadInput as exc:
+        sys.stderr.write('theanompi-ext hostfile: error: %s\n' % exc)
+        return EXIT_BAD_INPUT
+    text = format_hostfile(hosts, args.format)
+    if args.out:
+        with open(args.out, 'w') as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
