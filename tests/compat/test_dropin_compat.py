@@ -60,6 +60,7 @@ def test_flags_the_launcher_does_not_take_are_errors(argv, needle):
     ('BSP_EXCH_STRATEGY=nccl32', "EXCH_STRATEGY='nccl32': Theano-MPI's pygpu NCCL"),
     ('DEVICES=("node0:")', "DEVICES entry 'node0:'"),
     ('DEVICES=("node0:cuda0"', 'array DEVICES=( is not closed'),
+    ('TOPOLOGY=ring', 'TOPOLOGY=ring is not a valid str'),
 ])
 def test_bad_session_values(tmp_path, line, needle):
     from theanompi_ext.theanompi_compat.session import session_from_file
@@ -70,6 +71,28 @@ def test_bad_session_values(tmp_path, line, needle):
     with pytest.raises(ValueError) as exc:
         session_from_file(str(cfg))
     assert needle in str(exc.value)
+
+
+def test_topology_is_an_option_of_the_rule_not_of_the_model():
+    # how an allreduce spans hosts: chosen before the model loads (the communicator
+    # exists first), so from the rule's options / the environment only
+    from theanompi_ext.theanompi_compat.options import early_option, resolve_options
+    from theanompi_ext.theanompi_compat.rule import _child_env
+    assert early_option('topology', {}) == 'auto'
+    assert early_option('topology', {'THEANOMPI_EXT_TOPOLOGY': 'two-level'}) == 'two-level'
+    with pytest.raises(ValueError, match="THEANOMPI_EXT_TOPOLOGY='ring': unknown topology"):
+        early_option('topology', {'THEANOMPI_EXT_TOPOLOGY': 'ring'})
+    assert _child_env({'topology': 'flat'})['THEANOMPI_EXT_TOPOLOGY'] == 'flat'
+    with pytest.raises(ValueError, match="option topology='ring': unknown topology"):
+        _child_env({'topology': 'ring'})       # refused before any rank starts
+    with pytest.raises(ValueError, match="option max_steps='many'"):
+        _child_env({'max_steps': 'many'})
+
+    class Model(object):
+        tmx_options = {'topology': 'flat'}
+        n_epochs, batch_size, base_lr = 1, 4, 0.1
+    with pytest.raises(ValueError, match=r"tmx_options\['topology'\]: chosen before the model"):
+        resolve_options(Model(), {})
 
 
 def test_devices_across_hosts_place_ranks_in_order():

@@ -8,6 +8,7 @@ launcher set).
 import os
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+from ..collective.two_level import check_topology
 
 # Options of a contract-model run: name -> (default, parser). Values come
 # from, in increasing priority: these defaults, the model's attributes
@@ -33,7 +34,12 @@ OPTION_DEFAULTS = {
     'collective_timeout_s': (30.0, float),
     'stall_warn_s': (10.0, float),
     'timeline': ('', str),             # PREFIX: rank 0 writes PREFIX.json/.png (per-step lanes)
+    # How an allreduce spans hosts (collective/two_level.py), as `train --topology`.
+    # Read from the environment only: the communicator exists before the model loads.
+    'topology': ('auto', lambda s: check_topology(str(s).strip())),
 }
+#: Options fixed before the model file is imported: a model's tmx_options cannot set them.
+BEFORE_MODEL = ('topology',)
 ENV_PREFIX = 'THEANOMPI_EXT_'
 
 
@@ -42,11 +48,30 @@ def option_env_name(name):
     return ENV_PREFIX + name.upper()
 
 
+def early_option(name, environ=None):
+    """Option ``name`` of :data:`BEFORE_MODEL` from the environment (or its default),
+    parsed; a bad value is a ValueError naming the variable."""
+    environ = os.environ if environ is None else environ
+    default, parse = OPTION_DEFAULTS[name]
+    raw = environ.get(option_env_name(name))
+    if raw in (None, ''):
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ValueError('option %s=%r: %s' % (option_env_name(name), raw, exc))
+
+
 def resolve_options(model, environ=None):
     """The run's options as a dict (see :data:`OPTION_DEFAULTS`), filled in from the model."""
     environ = os.environ if environ is None else environ
     opts = {k: v[0] for k, v in OPTION_DEFAULTS.items()}
-    opts.update(getattr(model, 'tmx_options', None) or {})
+    model_opts = getattr(model, 'tmx_options', None) or {}
+    for key in BEFORE_MODEL:
+        if key in model_opts:
+            raise ValueError('tmx_options[%r]: chosen before the model loads; set it as the '
+                             "rule's option or %s instead" % (key, option_env_name(key)))
+    opts.update(model_opts)
     for key, (_, parse) in OPTION_DEFAULTS.items():
         raw = environ.get(option_env_name(key))
         if raw not in (None, ''):

@@ -96,6 +96,10 @@ def _child_env(options):
     for key, value in options.items():
         if key not in OPTION_DEFAULTS:
             raise ValueError('unknown option %r; known: %s' % (key, ', '.join(sorted(OPTION_DEFAULTS))))
+        try:     # a bad value refused here, before any rank starts
+            OPTION_DEFAULTS[key][1](str(value))
+        except ValueError as exc:
+            raise ValueError('option %s=%r: %s' % (key, value, exc))
         env[option_env_name(key)] = str(value)
     return env
 

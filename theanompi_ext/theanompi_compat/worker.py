@@ -118,7 +118,8 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     from ..engine.open import open_on_every_rank
     check_mode(sync_type, exch_strategy)     # before any rank waits on another
     own_comm = comm is None
-    comm = comm or create_communicator('auto')
+    from .options import early_option
+    comm = comm or create_communicator('auto', topology=early_option('topology'))
     rank, size = comm.rank, comm.size
     if len(devices) != size:
         raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
