@@ -64,7 +64,7 @@ def test_dry_run_prints_the_schedule_and_launches_nothing(tmp_path):
     assert m and int(m.group(1)) < int(m.group(2))
     assert float(m.group(3)) == pytest.approx(4 * int(m.group(1)) / 1e3, rel=1e-2)
     assert re.search(r'backward in \d+ chunks', r.stdout)
-    assert 'path          mpi, 2 ranks; device cpu' in r.stdout
+    assert 'path          mpi, 2 ranks, topology auto (two-level when several hosts have several ranks); device cpu' in r.stdout
     assert str(out) in r.stdout and 'checkpoint.h5' in r.stdout
     assert not out.exists() and 'mpiexec' not in r.stdout + r.stderr
     assert 'warning' not in r.stderr

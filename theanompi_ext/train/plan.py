@@ -24,6 +24,10 @@ FORMS_TEXT = {
 WHAT_EXCHANGED = {'kn': 'gradients summed', 'avg': 'parameters averaged',
                   'cdd': 'momenta summed'}
 
+#: How the plan words ``--topology`` (the ranks decide ``auto`` once they know
+#: their hosts: collective/two_level.two_level_pays).
+TOPOLOGY_TEXT = {'auto': 'auto (two-level when several hosts have several ranks)'}
+
 
 @dataclass
 class RunPlan(object):
@@ -118,7 +122,8 @@ def make_plan(cfg, workers, n_train, param_sizes, n_exch_params, layer_counts,
     if path is None:
         # what create_communicator(cfg.backend) picks in the ranks
         mpi = cfg.backend == 'mpi' or (cfg.backend == 'auto' and k > 1)
-        path = 'mpi, %d ranks' % k if mpi else 'local (one rank: nothing leaves the process)'
+        path = ('mpi, %d ranks, topology %s' % (k, TOPOLOGY_TEXT.get(cfg.topology, cfg.topology))
+                if mpi else 'local (one rank: nothing leaves the process)')
     momentum = '%g, %s, Nesterov %s, weight decay %g' % (
         cfg.momentum, FORMS_TEXT.get(cfg.momentum_form, cfg.momentum_form),
         'on' if cfg.nesterov else 'off', cfg.weight_decay)
