@@ -27,6 +27,7 @@ BENCHES = {
     'compare': 'theanompi_ext.bench.compare',
     'validate': 'theanompi_ext.bench.validate',
     'casts': 'theanompi_ext.bench.casts',
+    'restart': 'theanompi_ext.bench.restart',
 }
 
 

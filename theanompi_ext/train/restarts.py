@@ -155,7 +155,8 @@ class RestartLog(object):
     """``OUT/restarts.json``: the budget, one entry per failure (``restarted``:
     whether a restart followed), how the job ended (``result``).
 
-    Each entry: ``attempt``, ``time`` (UTC), ``status``, ``cause``,
+    Each entry: ``attempt``, ``time`` (UTC; ``unix_time``: the same, in
+    seconds), ``status``, ``cause``,
     ``restartable``, ``rank`` and ``host`` blamed, ``message``,
     ``failed_at_iteration`` (iterations rank 0 had finished), and for a
     restart ``resumed_from_iteration``, ``iterations_lost``, ``backoff_s``
@@ -241,7 +242,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
                    attempt_vars.PROGRESS_VAR: progress}
             _remove(progress)
             status, text = run_attempt(cfg, env)
-            t_failed = time.monotonic()
+            t_failed, failed_unix = time.monotonic(), time.time()
             left = leftovers.end_leftovers()
             _clean(cfg.out)
             if status == EXIT_OK:
@@ -254,7 +255,8 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
             rank, host = culprit(message)
             at = attempt_vars.read_progress(progress)
             step = _STEP.search(message)
-            entry = dict(attempt=attempt, time=_now(), status=status, cause=verdict.cause,
+            entry = dict(attempt=attempt, time=_now(), unix_time=failed_unix, status=status,
+                         cause=verdict.cause,
                          restartable=verdict.restartable, rank=rank, host=host,
                          message=message, failed_at_iteration=at,
                          failed_at_step=int(step.group(1)) if step else None,

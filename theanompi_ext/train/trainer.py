@@ -179,6 +179,8 @@ class Trainer(object):
                 t0 = time.perf_counter()
                 loss, err, lr = self.step(x, y)
                 step_times.append(time.perf_counter() - t0)
+                if self.first_step_unix is None:
+                    self.first_step_unix = time.time()   # training again, after a restart
                 replicas.after_step(self)
                 self.attempt.after_step(self.iteration)
                 losses.append(float(loss))
@@ -208,6 +210,7 @@ class Trainer(object):
     exchange_wait_s = 0.0
     _saved_at = None      # the iteration of the last checkpoint written or resumed
     _last_save_t = 0.0    # monotonic time of the last checkpoint (or of the start)
+    first_step_unix = None   # wall-clock time this process finished its first step
     trace = None          # rank 0: the gathered timeline, once train() ends
 
     def _checkpoint_due(self, it_in_epoch):
@@ -219,11 +222,14 @@ class Trainer(object):
         if not cfg.checkpoint_every_s:
             return False
         # Rank 0's clock decides and every rank learns it in one small sum, so
-        # all of them checkpoint after the same iteration.
+        # all of them checkpoint after the same iteration; a wait as bounded as
+        # a step's (a rank stopped here must not hang the others)
         due = np.zeros(1, np.float32)
         if self.comm.rank == 0:
             due[0] = time.monotonic() - self._last_save_t >= cfg.checkpoint_every_s
-        self.comm.allreduce(due)
+        with self.comm.bounded(self.iteration, 'checkpoint clock', cfg.collective_timeout_s,
+                               'collective_timeout_s'):
+            self.comm.allreduce(due)
         return bool(due[0])
 
     def checkpoint_path(self):
@@ -288,6 +294,7 @@ class Trainer(object):
                     final_val_top5=last[-1]['val_top5'] if last else None,
                     history=self.history, config=self.cfg.to_dict(),
                     checkpoints=checkpoint_cost(self.checkpoint_s, wall_s),
+                    first_step_unix=self.first_step_unix,
                     **replicas.summary_fields(self))
 
 
