@@ -288,3 +288,18 @@ def test_theanompi_session_file_refuses_max_restarts_with_the_reason(tmp_path):
     p.write_text('RULE=BSP\nMODELFILE=x\nMODELCLASS=Y\nDEVICES=cpu0,cpu1\nMAX_RESTARTS=2\n')
     with pytest.raises(ValueError, match='MAX_RESTARTS: the Theano-MPI path has no checkpoint'):
         session_from_file(str(p))
+
+
+def test_another_runs_checkpoint_is_not_restarted_from(tmp_path):
+    """--overwrite over an older run: a failure before this job's first checkpoint
+    starts again from the start, not from the older run's checkpoint."""
+    from theanompi_ext.train import checkpoint
+    w = _writer()
+    tr = w.fake_trainer(str(tmp_path), 16)
+    w.set_version(tr, 50)
+    checkpoint.save(tr, str(tmp_path / checkpoint.FILENAME), {})
+    old = restarts.file_versions(str(tmp_path))
+    assert restarts.good_checkpoint(str(tmp_path), old) is None
+    w.set_version(tr, 4)
+    checkpoint.save(tr, str(tmp_path / checkpoint.FILENAME), {})
+    assert restarts.good_checkpoint(str(tmp_path), old) == 4

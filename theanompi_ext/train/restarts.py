@@ -122,17 +122,37 @@ def last_message(text):
 
 # -------------------------------------------------------------------- checkpoints
 
-def good_checkpoint(out):
+def file_versions(out):
+    """Identities of the checkpoint files in ``out`` now: those of another run
+    (``--overwrite``) that :func:`good_checkpoint` must not restart from."""
+    from . import checkpoint
+    found = {_version(os.path.join(out, name))
+             for name in (checkpoint.FILENAME, checkpoint.PREV_FILENAME)}
+    return found - {None}
+
+
+def _version(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def good_checkpoint(out, not_ours=()):
     """The iteration of the newest good checkpoint in ``out`` (None: there is none yet).
 
     A corrupt ``checkpoint.h5`` with a good ``checkpoint.prev.h5`` is set aside
     (``checkpoint.corrupt.h5``) and the previous one takes its place; with no
     good one, :class:`~theanompi_ext.errors.CheckpointError` (no restart).
+    ``not_ours``: :func:`file_versions` of files written before this job.
     """
     from ..errors import CheckpointError
     from . import checkpoint
     path = os.path.join(out, checkpoint.FILENAME)
     prev = os.path.join(out, checkpoint.PREV_FILENAME)
+    if not_ours and file_versions(out) <= set(not_ours):
+        return None       # only another run's files (--overwrite): from the start
     if not os.path.exists(path) and not os.path.exists(prev):
         return None
     try:
@@ -140,6 +160,8 @@ def good_checkpoint(out):
     except CheckpointError as exc:
         newest = exc
     try:
+        if _version(prev) in set(not_ours):
+            raise CheckpointError('%s: of the run this one replaced (--overwrite)' % prev)
         it = checkpoint.describe(prev)['iteration']
     except CheckpointError as exc:
         raise CheckpointError('no good checkpoint to restart from: %s; %s' % (newest, exc))
@@ -233,6 +255,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
     leftovers.become_subreaper()
     handlers = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
     progress = os.path.join(cfg.out, PROGRESS_NAME)
+    not_ours = set() if cfg.resume else file_versions(cfg.out)
     previous = None
     attempt = 0
     try:
@@ -266,7 +289,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
             resumed = None
             if why is None:
                 try:
-                    resumed = good_checkpoint(cfg.out)
+                    resumed = good_checkpoint(cfg.out, not_ours)
                 except ValueError as exc:     # CheckpointError: no good checkpoint
                     why, status = str(exc), EXIT_BAD_INPUT
             if why is not None:
