@@ -33,6 +33,8 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
     (3, 'theanompi-ext: rank 0 of 2 failed: Exception: Other MPI error, error stack: ...',
      True, 'host or link lost'),
     (255, '', True, 'host or link lost'),
+    (255, 'theanompi-ext: rank 3 of 4 (pid 7159 on tmxh1) died: exit code 9; mpiexec stopped '
+          'the other ranks (exit status 255)', True, 'a rank died (exit code 9)'),
     (2, 'theanompi-ext: rank 0 of 2 failed: DataError: x', False, 'bad input'),
     (3, 'theanompi-ext: rank 0 of 2 failed: NonFiniteLoss: the loss is nan', False, 'diverged'),
     (3, 'theanompi-ext: rank 0 of 2 failed: DivergedState: x', False, 'diverged'),

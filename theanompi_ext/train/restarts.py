@@ -45,6 +45,12 @@ _DETERMINISTIC = ('NonFiniteLoss', 'DivergedState', 'ReplicaMismatch', 'WireOver
 _MPI_LOST = re.compile(r'MPI_ERR|Other MPI error|MPIDI_|Connection (reset|refused|closed)|'
                        r'(link|host|connection) (lost|down)|Communication error', re.I)
 
+_DIED = re.compile(r'rank (\d+)(?: of \d+)? \(pid (\d+) on ([^)\s]+)\) died: ([^;]*)')
+_LATE = re.compile(r'not arrived: rank (\d+) \(pid (\d+) on ([^)\s]+)\)')
+_FAILED = re.compile(r'rank (\d+) of \d+ failed: (.*)')
+_STEP = re.compile(r'at step (\d+)')
+
+
 Verdict = collections.namedtuple('Verdict', 'restartable cause')
 
 
@@ -84,13 +90,11 @@ def classify(status, message=''):
         return Verdict(True, 'a rank was killed by %s' % name)
     if status == 124:
         return Verdict(False, 'timed out')
+    died = _DIED.search(message)
+    if died:
+        # e.g. a rank killed on another host: hydra ends with 255, its proxy saw "exit code 9"
+        return Verdict(True, 'a rank died (%s)' % died.group(4).strip())
     return Verdict(True, 'mpiexec failed with status %d (a host or link lost)' % status)
-
-
-_DIED = re.compile(r'rank (\d+)(?: of \d+)? \(pid (\d+) on ([^)\s]+)\) died: ([^;]*)')
-_LATE = re.compile(r'not arrived: rank (\d+) \(pid (\d+) on ([^)\s]+)\)')
-_FAILED = re.compile(r'rank (\d+) of \d+ failed: (.*)')
-_STEP = re.compile(r'at step (\d+)')
 
 
 def culprit(message):
