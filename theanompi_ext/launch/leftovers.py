@@ -67,6 +67,7 @@ def end_leftovers(timeout_s=10.0, keep=()):
         _reap(keep)
         left = [p for p, state in descendants() if state not in ('Z', 'X') and p not in keep]
         if not left:
+            _reap(keep)       # the ones that died of the SIGKILL meanwhile
             return found
         if time.monotonic() > deadline:
             raise RuntimeError('processes of the failed job still alive after %.0f s: %s'
