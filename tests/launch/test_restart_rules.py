@@ -177,7 +177,10 @@ class FakeJob(object):
         status, message, done, ckpt = self.script.pop(0)
         with open(env[attempt.PROGRESS_VAR], 'w') as f:
             f.write('%d\n' % done)
-        if ckpt is not None:
+        if ckpt == 'torn':
+            with open(os.path.join(self.out, checkpoint.FILENAME), 'wb') as f:
+                f.write(b'torn')
+        elif ckpt is not None:
             tr = self.w.fake_trainer(self.out, 16)
             self.w.set_version(tr, ckpt)
             checkpoint.save(tr, os.path.join(self.out, checkpoint.FILENAME), {})
@@ -252,8 +255,7 @@ def test_the_same_failure_twice_stops_naming_the_iteration(tmp_path):
 
 
 def test_no_good_checkpoint_is_not_restarted(tmp_path):
-    (tmp_path / 'checkpoint.h5').write_bytes(b'torn')
-    status, job, err, _, log = supervise(tmp_path, [(9, KILLED, 7, None)])
+    status, job, err, _, log = supervise(tmp_path, [(9, KILLED, 7, 'torn')])
     assert status == 2 and len(job.calls) == 1
     assert 'no good checkpoint to restart from' in err
 

@@ -19,7 +19,7 @@ def register(sub):
     p = sub.add_parser('restart', help='checkpoint cost and the time from a failure to '
                                        'training again (starts mpiexec)',
                        description=__doc__.split('\n\n')[0])
-    p.add_argument('--workers', type=int, default=2, metavar='K', help='ranks (default 2)')
+    p.add_argument('--workers', type=int, default=2, metavar='K', help='k, the MPI ranks to start (default 2)')
     p.add_argument('--kill-at', type=int, default=40, metavar='ITER',
                    help='rank 1 is killed after this iteration (default %(default)s)')
     p.add_argument('--keep', default='', metavar='DIR',
@@ -67,7 +67,9 @@ def report(summary, failure, size):
         '%.1f%% of its %.2f s of training' % (
             c['count'], size / 1e3, 1e3 * (c['mean_s'] or 0), 1e3 * (c['max_s'] or 0),
             100 * (c['share'] or 0), summary['wall_s']),
-        'median step %.1f ms' % (1e3 * (summary['step_s_median'] or 0)),
+        'median step %.1f ms: one checkpoint costs %.1f steps' % (
+            1e3 * (summary['step_s_median'] or 0),
+            (c['mean_s'] or 0) / (summary['step_s_median'] or float('inf'))),
         'failure (%s at iteration %s) -> next start: %.2f s; -> training again: %.1f s '
         '(%d iterations lost)' % (failure['cause'], failure['failed_at_iteration'],
                                   failure['seconds_to_restart'], again,
