@@ -161,6 +161,10 @@ if mode == 'diverge' and cfg['seed'] == 1:
     sys.exit(3)
 if mode == 'fail' and cfg['seed'] == 1:
     sys.exit(1)
+if mode == 'killonce' and cfg['seed'] == 1 and os.environ['THEANOMPI_EXT_ATTEMPT'] == '0':
+    print('theanompi-ext: rank 1 of 2 (pid 7 on h) died: Killed (signal 9); mpiexec '
+          'stopped the other ranks (exit status 9)')
+    sys.exit(9)
 # run i has val errors (10 - epoch + seed) / 100 for epochs 1..6
 hist = [dict(epoch=e, train_loss=1.0 / e, train_err=0.1, lr=0.1,
              val_top1=(10 - e + cfg['seed']) / 100.0, val_top5=0.0) for e in range(1, 7)]
@@ -203,6 +207,23 @@ def test_trials_aggregates_runs_by_hand(tmp_path, fake_mpiexec):
     assert s['n_ok'] == 3 and s['total_batch'] == 64
     assert (out / 'trials.png').exists()
     assert '7.00 +- 1.00' in r.stdout
+
+
+def test_trials_restarts_a_run_whose_rank_was_killed(tmp_path, fake_mpiexec):
+    """--max-restarts reaches each run (train/restarts.py): run 1's first attempt
+    ends with a killed rank, its restart finishes; both are in its log."""
+    out = tmp_path / 'out'
+    r = _run_trials(['--runs', '2', '--workers', '2', '--epochs', '6', '--out', str(out),
+                     '--max-restarts', '1', '--restart-backoff-s', '0'],
+                    env=dict(THEANOMPI_EXT_MPIEXEC=fake_mpiexec, FAKE_MODE='killonce'))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (s,) = json.loads((out / 'trials.json').read_text())['settings']
+    assert s['n_ok'] == 2
+    log = json.loads((out / 'run1' / 'restarts.json').read_text())
+    assert [(f['status'], f['rank'], f['restarted']) for f in log['failures']] == [(9, 1, True)]
+    assert not (out / 'run0' / 'restarts.json').exists()
+    text = (out / 'run1' / 'train.log').read_text()
+    assert text.count('$ ') == 2 and 'died: Killed (signal 9)' in text
 
 
 def test_trials_reports_diverged_and_failed_runs(tmp_path, fake_mpiexec):

@@ -28,6 +28,7 @@ BENCHES = {
     'validate': 'theanompi_ext.bench.validate',
     'casts': 'theanompi_ext.bench.casts',
     'hosts': 'theanompi_ext.bench.hosts',
+    'restart': 'theanompi_ext.bench.restart',
 }
 
 

@@ -86,6 +86,13 @@ def check_model(modelfile, modelclass):
     return path
 
 
+#: Why the Theano-MPI path refuses ``max_restarts`` (docs/faults.md#restarts).
+NO_RESTARTS = ('option max_restarts: the Theano-MPI path has no checkpoint to restart from '
+               '(its snapshots hold only the parameters: no momentum, BN statistics or data '
+               "position, and the model's own train_iter owns its data loader), so a restart "
+               'would not be the same run; use `theanompi-ext train --max-restarts N`')
+
+
 def _child_env(options):
     from .options import option_env_name, OPTION_DEFAULTS
     from ..launch.mpiexec import child_env
@@ -142,6 +149,8 @@ class BSP(object):
         from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
         from ..engine.devices import parse_devices
         from ..launch.devices import remote_hosts, host_args
+        if options.pop('max_restarts', 0):
+            raise ValueError(NO_RESTARTS)
         if not devices:
             raise ValueError('no devices given')
         pairs = parse_devices(devices)  # an unknown device string: DeviceError, before launch

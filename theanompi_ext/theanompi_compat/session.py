@@ -57,7 +57,9 @@ MODE_DEFAULTS = {'sync_type': 'kn', 'exch_strategy': 'ar'}
 def known_keys():
     """Lower-case keys a session file may use."""
     from .options import OPTION_DEFAULTS
-    return set(REQUIRED) | set(MODE_DEFAULTS) | set(ALIASES) | set(OPTION_DEFAULTS)
+    # MAX_RESTARTS: known so that it is refused with the reason (rule.NO_RESTARTS)
+    return set(REQUIRED) | set(MODE_DEFAULTS) | set(ALIASES) | set(OPTION_DEFAULTS) | \
+        {'max_restarts'}
 
 
 def parse_args(argv):
@@ -178,6 +180,10 @@ def session_from_file(path, flags=None):
             raise ValueError('%s: %s is an array; only DEVICES may be one' % (path, key.upper()))
     if values['rule'].upper() != 'BSP':
         raise ValueError('%s: RULE=%s is not supported (only BSP)' % (path, values['rule']))
+    if values.get('max_restarts', '0').strip() not in ('', '0'):
+        from .rule import NO_RESTARTS
+        raise ValueError('%s: %s' % (path, NO_RESTARTS.replace('option max_restarts',
+                                                             'MAX_RESTARTS')))
     try:
         parse_devices(values['devices'])
     except ValueError as exc:

@@ -47,7 +47,7 @@ RESUME_MAY_CHANGE = frozenset((
     'epochs', 'max_steps', 'eval_every', 'out', 'checkpoint', 'checkpoint_every', 'resume',
     'overwrite', 'timeline', 'quiet', 'collective_timeout_s', 'stall_warn_s',
     'write_timeout_s', 'check_replicas_every', 'bucket_cap_mb', 'first_bucket_cap_mb',
-    'backend'))
+    'backend', 'checkpoint_every_s', 'max_restarts', 'restart_backoff_s'))
 
 
 def rank_state(trainer):
@@ -105,20 +105,26 @@ def build(trainer, states, partial=None):
     return sealed.seal(buf.getbuffer())      # in place: one copy of the state in memory
 
 
-def save(trainer, path, partial=None):
+def save(trainer, path, partial=None, in_write=None):
     """Gather every rank's state and write ``path`` atomically from rank 0.
 
     Every rank raises :class:`DivergedState` if any state is not finite
     (nothing is written); rank 0 raises :class:`~theanompi_ext.errors.WriteError`
-    when the disk refuses (the previous checkpoint stays).
+    when the disk refuses (the previous checkpoint stays). ``in_write(path,
+    data)``: the fault-injection hook of the tests (``train/attempt.py``).
     """
     states = trainer.comm.allgather(rank_state(trainer))
     check_finite(states, trainer.iteration, path)
     if trainer.comm.rank != 0:
+        if in_write:
+            in_write(path)
         return
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    atomic.write_atomic(path, build(trainer, states, partial), 'the checkpoint',
+    data = build(trainer, states, partial)
+    if in_write:
+        in_write(path, data)
+    atomic.write_atomic(path, data, 'the checkpoint',
                         keep_previous=os.path.join(folder, PREV_FILENAME))
 
 

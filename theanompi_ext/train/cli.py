@@ -115,6 +115,11 @@ def main(args):
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
     if in_mpi_job():
+        if cfg.max_restarts:
+            sys.stderr.write('theanompi-ext train: error: --max-restarts needs the launcher to '
+                             'start the ranks (run `theanompi-ext train --workers K` outside '
+                             'mpiexec): inside your own mpiexec nothing can restart the job\n')
+            return EXIT_BAD_INPUT
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
     # Every output path, the folder's contents and its lock: before anything runs.
@@ -145,7 +150,8 @@ def _launch(args, cfg):
     from ..launch.mpiexec import child_env, find_mpiexec
     from ..launch.postmortem import run_explained   # names a rank that died
     from ..launch.worker_job import temporary_worker_config, worker_command
-    if args.workers == 1 and not args.hostfile:
+    if args.workers == 1 and not args.hostfile and not cfg.max_restarts:
+        # (a job that may restart runs under mpiexec even on one rank)
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
     try:
@@ -156,10 +162,17 @@ def _launch(args, cfg):
     # every rank reads the config: across hosts, from --out (which they all see:
     # placement.py checks) or else the current folder, not this host's $TMPDIR
     shared = (cfg.out or os.getcwd()) if args.hostfile else None
-    with temporary_worker_config(cfg.to_dict(), shared) as path:
-        env = child_env()
-        if sys.stdout.isatty():
-            # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
-            env[STDOUT_TTY_VAR] = '1'
-        return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
-                             size=args.workers, hostfile=args.hostfile)
+
+    def attempt(cfg, extra_env):
+        with temporary_worker_config(cfg.to_dict(), shared) as path:
+            env = child_env()
+            env.update(extra_env)
+            if sys.stdout.isatty():
+                # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
+                env[STDOUT_TTY_VAR] = '1'
+            return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
+                                 size=args.workers, hostfile=args.hostfile)
+    if not cfg.max_restarts:
+        return attempt(cfg, {})
+    from .restarts import recorded_run, supervise
+    return supervise(cfg, lambda c, e: recorded_run(lambda: attempt(c, e)))

@@ -42,6 +42,9 @@ class TrainConfig(object):
     out: str = ''
     checkpoint: bool = True              # write out/checkpoint.h5 (needs out)
     checkpoint_every: int = 0            # iterations between checkpoints (0: each epoch)
+    checkpoint_every_s: float = 0.0      # also a checkpoint once this many seconds passed (0: off)
+    max_restarts: int = 0                # restarts from the last good checkpoint (train/restarts.py)
+    restart_backoff_s: float = 1.0       # wait before each restart, seconds
     resume: bool = False
     overwrite: bool = False              # start a new run in an --out holding another one
     timeline: str = ''
@@ -105,11 +108,11 @@ class TrainConfig(object):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 self._bad(name, 'must be a positive integer')
-        for name in ('check_replicas_every', 'progress_every'):
+        for name in ('check_replicas_every', 'progress_every', 'max_restarts'):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 self._bad(name, 'must be an integer >= 0 (0: %s)'
-                          % ('off' if name == 'check_replicas_every' else 'automatic'))
+                          % ('automatic' if name == 'progress_every' else 'off'))
 
     def _check_schedule(self):
         bad = self._bad
@@ -166,7 +169,8 @@ class TrainConfig(object):
             bad('scale_min', 'must be in (0, 1]')
         if self.crop < 0:
             bad('crop', 'must be >= 0')
-        for name in ('collective_timeout_s', 'stall_warn_s', 'write_timeout_s'):
+        for name in ('collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
+                     'checkpoint_every_s', 'restart_backoff_s'):
             if getattr(self, name) < 0:
                 bad(name, 'must be a number of seconds >= 0 (0: off)')
         try:
@@ -175,6 +179,9 @@ class TrainConfig(object):
             bad('device', str(exc))
         if self.resume and not self.out:
             bad('resume', 'needs --out, the folder holding checkpoint.h5')
+        if self.max_restarts and not (self.out and self.checkpoint):
+            bad('max_restarts', 'a restart resumes from OUT/checkpoint.h5: needs --out and '
+                'checkpoints (--checkpoint true)')
         if self.resume and self.overwrite:
             bad('overwrite', '--resume continues the run in --out, --overwrite replaces it: '
                 'choose one')

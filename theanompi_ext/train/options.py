@@ -75,6 +75,14 @@ HELP = {
                            'first), MB',
     'checkpoint': 'write OUT/checkpoint.h5, true or false (needs --out)',
     'checkpoint_every': 'iterations between checkpoints (0: at the end of each epoch)',
+    'checkpoint_every_s': 'also write a checkpoint once this many seconds have passed since '
+                          'the last one, at an iteration rank 0 chooses for every rank '
+                          '(0: off)',
+    'max_restarts': 'when the job fails with a status a restart can cure (a rank killed, a '
+                    'collective or write timeout, a host or link lost), stop every rank and '
+                    'start again from the newest good checkpoint, at most this many times '
+                    '(needs --out; docs/faults.md#restarts)',
+    'restart_backoff_s': 'wait before each restart, seconds',
     'resume': 'continue from OUT/checkpoint.h5 instead of starting afresh',
     'overwrite': 'start a new run in an --out that holds another run, replacing its '
                  'checkpoint and outputs (without it such a folder is refused)',
@@ -107,7 +115,8 @@ GROUPS = (
       'weight_decay')),
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
                   'first_bucket_cap_mb', 'wire_dtype', 'exchange_path', 'backend', 'topology')),
-    ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'resume', 'overwrite',
+    ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'checkpoint_every_s',
+                                'max_restarts', 'restart_backoff_s', 'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
     ('output', ('out', 'timeline', 'eval_every', 'quiet', 'progress_every')),
@@ -118,7 +127,8 @@ GROUPS = (
 METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline': 'PREFIX',
             'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
             'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
-            'write_timeout_s': 'S', 'device': 'DEV',
+            'write_timeout_s': 'S', 'device': 'DEV', 'checkpoint_every_s': 'S',
+            'restart_backoff_s': 'S', 'max_restarts': 'N',
             'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
             'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
             'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}

@@ -86,8 +86,13 @@ def output_files(cfg):
     if cfg.out:
         files = ['summary.json', 'params.npz', 'curves.png']
         if cfg.checkpoint:
-            files.append('checkpoint.h5 (every %d iterations)' % cfg.checkpoint_every
-                         if cfg.checkpoint_every else 'checkpoint.h5 (each epoch)')
+            when = ['every %d iterations' % cfg.checkpoint_every] if cfg.checkpoint_every \
+                else ['each epoch']
+            if cfg.checkpoint_every_s:
+                when.append('every %g s' % cfg.checkpoint_every_s)
+            files.append('checkpoint.h5 (%s)' % ' and '.join(when))
+        if cfg.max_restarts:
+            files.append('restarts.json (up to %d restarts)' % cfg.max_restarts)
         out.append('%s: %s' % (os.path.join(cfg.out, ''), ', '.join(files)))
     if cfg.timeline:
         out.append('timeline %s.json, %s.png' % (cfg.timeline, cfg.timeline))

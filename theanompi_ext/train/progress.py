@@ -62,12 +62,15 @@ class Progress(object):
         False on ranks other than 0 and with ``--quiet``.
     every : int
         Plain-line interval (0: :func:`auto_every`).
+    restart : (int, int) or None
+        The attempt and the restart budget under the supervisor
+        (``train/attempt.py``): after a restart each line says "restart 2 of 3".
     stream, terminal
         Where to write (stdout), and whether it is a terminal (detected).
     """
 
     def __init__(self, iters_per_epoch, epochs, total_iters, total_batch, enabled=True,
-                 every=0, stream=None, terminal=None, clock=time.perf_counter):
+                 every=0, stream=None, terminal=None, clock=time.perf_counter, restart=None):
         self.ipe, self.epochs, self.total_iters = iters_per_epoch, epochs, total_iters
         self.total_batch = total_batch
         self.stream = stream or sys.stdout
@@ -75,6 +78,8 @@ class Progress(object):
         self.every = every or auto_every(iters_per_epoch)
         self.enabled = bool(enabled) and (self.terminal or self.every > 0)
         self.clock = clock
+        # (attempt, max_restarts) of a restarted job: the line says "restart 2 of 3"
+        self.restart = restart if restart and restart[0] else None
         self._epoch = None
         self._shown = 0.0
         self._dirty = False
@@ -86,8 +91,10 @@ class Progress(object):
         total = cfg.epochs * trainer.iters_per_epoch
         if cfg.max_steps:
             total = min(total, cfg.max_steps)
+        hooks = getattr(trainer, 'attempt', None)
         return cls(trainer.iters_per_epoch, cfg.epochs, total, trainer.total_batch,
-                   enabled=trainer.comm.rank == 0 and not cfg.quiet, every=cfg.progress_every)
+                   enabled=trainer.comm.rank == 0 and not cfg.quiet, every=cfg.progress_every,
+                   restart=(hooks.attempt, hooks.max_restarts) if hooks else None)
 
     def start_epoch(self, epoch, first):
         """An epoch starts at iteration ``first`` of it (not 0 after a resume)."""
@@ -123,8 +130,9 @@ class Progress(object):
         per_it = elapsed / self._steps
         left_epoch = per_it * (self.ipe - done)
         left_run = per_it * max(self.total_iters - iteration, 0)
-        return ('progress: epoch %d/%d it %d/%d  %.0f img/s  loss %.4f  left %s epoch, %s run'
+        return ('progress: %sepoch %d/%d it %d/%d  %.0f img/s  loss %.4f  left %s epoch, %s run'
                 '  data wait %.0f%%  exchange wait %.0f%%' % (
+                    'restart %d of %d  ' % self.restart if self.restart else '',
                     self._epoch + 1, self.epochs, done, self.ipe,
                     self.total_batch / per_it, self._loss_sum / self._steps,
                     _clock(left_epoch), _clock(left_run),

@@ -57,6 +57,9 @@ class Trainer(object):
         self.timeline = self.make_timeline() if cfg.timeline else None
         self._evaluator = None
         self.history = []
+        self.checkpoint_s = []    # seconds of each checkpoint written (the summary's cost)
+        from .attempt import AttemptHooks
+        self.attempt = AttemptHooks(comm.rank)
 
     # -- construction --------------------------------------------------------
     @property
@@ -133,6 +136,7 @@ class Trainer(object):
         # Ranks that disagree on data or options would hang; the allgather also
         # absorbs compile/resume skew before the step timeouts apply.
         faults.check_ranks_agree(self)
+        self._last_save_t = time.monotonic()
         for epoch in range(self.iteration // self.iters_per_epoch, cfg.epochs):
             perm = shards.epoch_permutation(len(self.data.y_train), epoch, cfg.data_seed)
             first = self.iteration % self.iters_per_epoch
@@ -175,7 +179,10 @@ class Trainer(object):
                 t0 = time.perf_counter()
                 loss, err, lr = self.step(x, y)
                 step_times.append(time.perf_counter() - t0)
+                if self.first_step_unix is None:
+                    self.first_step_unix = time.time()   # training again, after a restart
                 replicas.after_step(self)
+                self.attempt.after_step(self.iteration)
                 losses.append(float(loss))
                 errs.append(float(err))
                 progress.step(it + 1, self.iteration, loss, batches.wait_s,
@@ -202,12 +209,28 @@ class Trainer(object):
     _partial = None
     exchange_wait_s = 0.0
     _saved_at = None      # the iteration of the last checkpoint written or resumed
+    _last_save_t = 0.0    # monotonic time of the last checkpoint (or of the start)
+    first_step_unix = None   # wall-clock time this process finished its first step
     trace = None          # rank 0: the gathered timeline, once train() ends
 
     def _checkpoint_due(self, it_in_epoch):
-        every = self.cfg.checkpoint_every
-        return bool(self.cfg.out and self.cfg.checkpoint and every
-                    and self.iteration % every == 0 and it_in_epoch < self.iters_per_epoch)
+        cfg = self.cfg
+        if not (cfg.out and cfg.checkpoint and it_in_epoch < self.iters_per_epoch):
+            return False    # (the end of an epoch writes one anyway)
+        if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
+            return True
+        if not cfg.checkpoint_every_s:
+            return False
+        # Rank 0's clock decides and every rank learns it in one small sum, so
+        # all of them checkpoint after the same iteration; a wait as bounded as
+        # a step's (a rank stopped here must not hang the others)
+        due = np.zeros(1, np.float32)
+        if self.comm.rank == 0:
+            due[0] = time.monotonic() - self._last_save_t >= cfg.checkpoint_every_s
+        with self.comm.bounded(self.iteration, 'checkpoint clock', cfg.collective_timeout_s,
+                               'collective_timeout_s'):
+            self.comm.allreduce(due)
+        return bool(due[0])
 
     def checkpoint_path(self):
         """Where this run's checkpoint lives."""
@@ -226,10 +249,13 @@ class Trainer(object):
         if self.iteration == self._saved_at:
             return    # this state is on disk already (e.g. max_steps on a checkpoint step)
         path = self.checkpoint_path()
+        t0 = time.perf_counter()
         with self.writing('checkpoint %s (written by rank 0)' % path, path):
-            checkpoint.save(self, path, partial)
+            checkpoint.save(self, path, partial, in_write=self.attempt.in_write)
             self.comm.barrier()   # rank 0's write must not count against the next step
         self._saved_at = self.iteration
+        self._last_save_t = time.monotonic()
+        self.checkpoint_s.append(time.perf_counter() - t0)
 
     @contextlib.contextmanager
     def writing(self, label, path):
@@ -252,7 +278,10 @@ class Trainer(object):
         from . import checkpoint
         self._partial = checkpoint.load(self, self.checkpoint_path())
         self._saved_at = self.iteration
-        self.log('resumed from %s at iteration %d' % (self.checkpoint_path(), self.iteration))
+        a = self.attempt
+        self.log('%sresumed from %s at iteration %d' % (
+            'restart %d of %d: ' % (a.attempt, a.max_restarts) if a.attempt else '',
+            self.checkpoint_path(), self.iteration))
 
     def summary(self, wall_s, step_times):
         """Run summary: errors, times, settings."""
@@ -264,7 +293,18 @@ class Trainer(object):
                     final_val_top1=last[-1]['val_top1'] if last else None,
                     final_val_top5=last[-1]['val_top5'] if last else None,
                     history=self.history, config=self.cfg.to_dict(),
+                    checkpoints=checkpoint_cost(self.checkpoint_s, wall_s),
+                    first_step_unix=self.first_step_unix,
                     **replicas.summary_fields(self))
+
+
+def checkpoint_cost(seconds, wall_s):
+    """The summary's record of the checkpoints this process took part in: how many,
+    seconds each (mean, largest), their share of the run's time."""
+    total = float(sum(seconds))
+    return dict(count=len(seconds), mean_s=total / len(seconds) if seconds else None,
+                max_s=max(seconds) if seconds else None, total_s=total,
+                share=total / wall_s if wall_s > 0 else None)
 
 
 def format_epoch(rec, epochs):

@@ -61,6 +61,11 @@ def _run(cfg, comm, log, t0):
     if cfg.resume:
         trainer.resume()
     summary = trainer.train()
+    if comm.rank == 0 and cfg.out and cfg.max_restarts:
+        from .restarts import summary_for
+        # what the supervisor's log (OUT/restarts.json) holds of the earlier attempts
+        summary['restarts'] = summary_for(cfg.out) or dict(count=0,
+                                                           max_restarts=cfg.max_restarts)
     if cfg.out or cfg.timeline:
         # bounded like a checkpoint: a writer hung in I/O ends the job, named
         with trainer.writing('final outputs in %s (written by rank 0)'
@@ -132,9 +137,10 @@ def format_summary(s):
     else:
         val = 'final val top-1 error %.4f, top-5 error %.4f' % (
             s['final_val_top1'], s['final_val_top5'])
-    return ('summary: %d workers, batch %d, %d iterations in %.1fs (median step %.1f ms); %s'
+    from .restarts import format_summary as restarts_text
+    return ('summary: %d workers, batch %d, %d iterations in %.1fs (median step %.1f ms); %s%s'
             % (s['workers'], s['total_batch'], s['iterations'], s['wall_s'],
-               1000 * (s['step_s_median'] or 0), val))
+               1000 * (s['step_s_median'] or 0), val, restarts_text(s.get('restarts'))))
 
 
 def main(argv=None):

@@ -12,7 +12,7 @@ from ...errors import EXIT_TIMED_OUT
 from .stats import LAST_EPOCHS, run_error
 
 RUN_FILES = ('summary.json', 'params.npz', 'curves.png', 'checkpoint.h5', 'train.log',
-             'config.json')
+             'config.json', 'checkpoint.prev.h5', 'restarts.json')
 
 
 def run_dir(out, setting, i):
@@ -84,8 +84,22 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
     cfg_path = write_worker_config(cfg.to_dict(), os.path.join(folder, 'config.json'))
     log_path = os.path.join(folder, 'train.log')
     t0 = time.perf_counter()
-    rc = _run_logged(worker_command(setting.workers, cfg_path, setting.hostfile), log_path,
-                     timeout, echo)
+
+    def attempt(cfg, extra_env):
+        # a restart (train/restarts.py) resumes: its config says so, its output follows
+        first = not extra_env or extra_env.get('THEANOMPI_EXT_ATTEMPT') in (None, '0')
+        write_worker_config(cfg.to_dict(), cfg_path)
+        start = os.path.getsize(log_path) if not first else 0
+        rc = _run_logged(worker_command(setting.workers, cfg_path, setting.hostfile), log_path,
+                         timeout, echo, extra_env, append=not first)
+        with open(log_path, errors='replace') as f:
+            f.seek(start)
+            return rc, f.read()
+    if cfg.max_restarts:
+        from ..restarts import supervise
+        rc = supervise(cfg, attempt)
+    else:
+        rc = attempt(cfg, {})[0]
     wall = time.perf_counter() - t0
     if rc == 0 and os.path.exists(summary_path):
         with open(summary_path) as f:
@@ -116,15 +130,18 @@ def _clear_run_folder(folder):
             os.unlink(p)
 
 
-def _run_logged(cmd, log_path, timeout, echo):
-    """Run ``cmd`` with its output in ``log_path``; its exit status
+def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False):
+    """Run ``cmd`` with its output in ``log_path`` (after what it holds with
+    ``append``), ``extra_env`` added to its environment; its exit status
     (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after ``timeout`` s)."""
     from ...launch.mpiexec import child_env, popen_job, wait_job
-    with open(log_path, 'w') as log:
+    env = child_env()
+    env.update(extra_env or {})
+    with open(log_path, 'a' if append else 'w') as log:
         log.write('$ %s\n' % ' '.join(shlex.quote(c) for c in cmd))
         log.flush()
         # killed with this launcher, whatever the signal (launch/mpiexec.popen_job)
-        proc = popen_job(cmd, child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         # The log is always written (a diverged run is recognised from it);
         # a thread copies it so that the timeout below still applies.
         pump = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),

@@ -1,0 +1,167 @@
+"""Restarts of real jobs (``train --max-restarts``, docs/faults.md#restarts).
+
+Each job is killed several times at steps drawn from a seeded generator
+(``THEANOMPI_EXT_FAULTS``, train/attempt.py) and must end with parameters
+bitwise equal to the same job run without faults. Every job runs under a
+hard timeout with its whole process tree watched: after each, nothing it
+started may be alive (support/jobs.py). The supervisor's rules and log,
+without MPI: test_restart_rules.py.
+"""
+import json
+import os
+import random
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from theanompi_ext.train import attempt, restarts
+
+from support.jobs import Job
+
+CLI = [sys.executable, '-m', 'theanompi_ext', 'train']
+TIMEOUT = 420
+
+
+def _run(tmp_path, name, argv, faults=None, env=None, timeout=TIMEOUT):
+    out = tmp_path / name
+    full = dict(env or os.environ)
+    full.pop(attempt.FAULTS_VAR, None)
+    if faults:
+        full[attempt.FAULTS_VAR] = ';'.join('%d:%d:%d:%s' % f for f in faults)
+    job = Job(CLI + argv + ['--out', str(out)], tmp_path, full)
+    rc = job.wait(timeout)
+    job.finish()                     # nothing of any attempt is left running
+    job.out_f.seek(0)
+    return rc, out, job.out_f.read(), job.err()
+
+
+def _same_bits(a, b):
+    with np.load(str(a / 'params.npz')) as x, np.load(str(b / 'params.npz')) as y:
+        assert sorted(x.files) == sorted(y.files)
+        for k in x.files:
+            assert np.array_equal(x[k], y[k]), k
+    sa, sb = (json.loads((p / 'summary.json').read_text()) for p in (a, b))
+    assert sa['iterations'] == sb['iterations']
+    for key in ('train_loss', 'train_err', 'val_top1', 'lr'):
+        assert [h.get(key) for h in sa['history']] == [h.get(key) for h in sb['history']], key
+    return sb
+
+
+def _log(out):
+    return json.loads((out / restarts.LOG_NAME).read_text())
+
+
+# 2 x 8 digits: 89 iterations per epoch, 178 in all; a checkpoint every 20 iterations
+# and every 0.5 s (rank 0's clock), the end of epoch 1 mid-way.
+RUN_2 = ['--workers', '2', '--model', 'digits_cnn', '--batch-per-worker', '8', '--epochs', '2',
+         '--base-lr', '0.05', '--ref-batch', '16', '--warmup-epochs', '1', '--decay-epochs', '1',
+         '--exch-strategy', 'ar', '--wire-dtype', 'float32', '--checkpoint-every', '20',
+         '--checkpoint-every-s', '0.5', '--collective-timeout-s', '4', '--stall-warn-s', '2',
+         '--max-restarts', '3', '--restart-backoff-s', '0']
+
+
+def test_three_failures_then_the_same_bits_2_ranks_ar_fp32_digits(tmp_path):
+    """Rank 1 SIGKILLed, rank 0 killed inside a checkpoint write, rank 1 SIGSTOPped
+    (the watchdog ends that attempt, status 4): three restarts, and the final
+    parameters, losses and errors are those of the run that never failed."""
+    rnd = random.Random(2029)
+    a0 = rnd.randint(25, 60)
+    a1 = rnd.randint(a0 + 5, 100)
+    a2 = rnd.randint(a1 + 25, 170)
+    rc, ref, _, err = _run(tmp_path, 'ref', RUN_2)
+    assert rc == 0, err[-3000:]
+    faults = [(0, 1, a0, 'kill'), (1, 0, a1, 'ckpt'), (2, 1, a2, 'stop')]
+    rc, out, stdout, err = _run(tmp_path, 'faults', RUN_2, faults)
+    assert rc == 0, err[-4000:]
+    print('\nfaults after iterations %d, %d (in the next checkpoint write), %d' % (a0, a1, a2))
+    summary = _same_bits(ref, out)
+    log = _log(out)
+    f = log['failures']
+    assert [(x['status'], x['rank'], x['restarted']) for x in f] == [
+        (9, 1, True), (9, 0, True), (4, 1, True)], f
+    assert 'SIGKILL' in f[0]['cause'] and 'collective timed out' in f[2]['cause']
+    assert f[0]['failed_at_iteration'] == a0 and f[2]['failed_at_iteration'] == a2
+    assert a1 < f[1]['failed_at_iteration'] <= a1 + 20       # the checkpoint after a1
+    for x in f:
+        assert x['resumed_from_iteration'] <= x['failed_at_iteration']
+        assert x['iterations_lost'] == x['failed_at_iteration'] - x['resumed_from_iteration']
+        assert x['host'] and x['seconds_to_restart'] < 5
+        print('attempt %d: %s at iteration %d, resumed from %d, %.2f s from the failure '
+              'to the next start' % (x['attempt'], x['cause'], x['failed_at_iteration'],
+                                     x['resumed_from_iteration'], x['seconds_to_restart']))
+    assert "no progress for" in f[2]['message'] and 'not arrived: rank 1' in f[2]['message']
+    assert log['result']['status'] == 0
+    assert summary['restarts']['count'] == 3 and summary['restarts']['max_restarts'] == 3
+    assert summary['checkpoints']['count'] >= 1
+    for n in (1, 2, 3):
+        assert 'theanompi-ext: restart %d of 3 in 0.0 s' % n in err
+        assert 'restart %d of 3: resumed from' % n in stdout
+    assert re.search(r'summary: .*; 3 restarts of 3 \(\d+ iterations lost, restarts.json\)',
+                     stdout), stdout[-2000:]
+    assert not [n for n in os.listdir(out) if '.tmp-' in n]   # the torn write was removed
+
+
+def test_an_exception_on_a_rank_is_not_retried(tmp_path):
+    """An exception on rank 0 (status 3): not restarted, the job ends with its
+    status and message, the log says why. (Restarted failures: above; the
+    budget spent and the other rules: test_restart_rules.py.)"""
+    argv = ['--workers', '2', '--model', 'mlp', '--batch-per-worker', '8', '--epochs', '1',
+            '--max-steps', '12', '--warmup', 'none', '--checkpoint-every', '2', '--quiet',
+            '--max-restarts', '2', '--restart-backoff-s', '0']
+    rc, out, _, err = _run(tmp_path, 'raise', argv, [(0, 0, 5, 'raise')])
+    assert rc == 3, err[-3000:]
+    assert 'RuntimeError: injected fault at iteration 5' in err
+    assert 'not restarted: not a failure a restart can cure: an exception on a rank' in err
+    log = _log(out)
+    assert [(x['status'], x['restarted'], x['rank']) for x in log['failures']] == [
+        (3, False, 0)]
+    assert log['failures'][0]['message'].startswith('theanompi-ext: rank 0 of 2 failed: '
+                                                    'RuntimeError')
+    assert log['result']['status'] == 3
+
+
+@pytest.mark.root
+def test_far_host_rank_killed_restarts_both_hosts_4_ranks_overlap_fp16_hdf5(tmp_path):
+    """2 emulated hosts x 2 ranks, ar-overlap, a float16 wire, an HDF5 set with
+    augmentation: ranks on the far host are SIGKILLed twice; the job restarts on
+    both hosts (nothing of a failed attempt left on either) and ends with the
+    bits of the run that never failed."""
+    from theanompi_ext.data.hdf5 import write_dataset
+    from theanompi_ext.launch.emulated_hosts import EmulatedHosts, hosts_problem
+    if hosts_problem():
+        pytest.skip(hosts_problem())
+    rng = np.random.RandomState(3)
+    data = str(tmp_path / 'set.h5')
+    write_dataset(data, rng.randint(0, 256, (96, 10, 10, 3)).astype(np.uint8),
+                  rng.randint(0, 10, 96), rng.randint(0, 256, (32, 10, 10, 3)).astype(np.uint8),
+                  rng.randint(0, 10, 32), ['c%d' % i for i in range(10)])
+    # 96 / (4 x 4) = 6 iterations per epoch, 18 in all
+    argv = ['--workers', '4', '--model', 'digits_cnn', '--data', data, '--crop', '8',
+            '--scale-min', '0.5', '--batch-per-worker', '4', '--epochs', '3',
+            '--base-lr', '0.05', '--ref-batch', '16', '--warmup-epochs', '1',
+            '--decay-epochs', '2', '--exch-strategy', 'ar-overlap', '--wire-dtype', 'float16',
+            '--checkpoint-every', '2', '--max-restarts', '2', '--restart-backoff-s', '0',
+            '--quiet']
+    rnd = random.Random(4029)
+    a0 = rnd.randint(3, 8)
+    a1 = rnd.randint(a0 + 3, 16)
+    with EmulatedHosts(hosts=2, ranks_per_host=2) as eh:
+        env = dict(eh.env(), MPIR_CVAR_ENABLE_HEAVY_YIELD='1')
+        argv += ['--hostfile', eh.hostfile]
+        # 4 ranks on 2 cores shared with other jobs: a launch takes 1-4 min
+        rc, ref, _, err = _run(tmp_path, 'ref', argv, env=env, timeout=600)
+        assert rc == 0, err[-3000:]
+        rc, out, stdout, err = _run(tmp_path, 'faults', argv,
+                                    [(0, 3, a0, 'kill'), (1, 2, a1, 'kill')], env=env,
+                                    timeout=1200)
+        assert rc == 0, err[-4000:]
+    print('\nfar-host ranks killed after iterations %d and %d' % (a0, a1))
+    summary = _same_bits(ref, out)
+    f = _log(out)['failures']
+    # hydra ends with 255 when a rank dies on another host (its proxy saw exit code 9)
+    assert [(x['rank'], x['host'], x['failed_at_iteration'], x['restarted']) for x in f] == [
+        (3, 'tmxh1', a0, True), (2, 'tmxh1', a1, True)], f
+    assert all(x['status'] in (9, 255) and '9' in x['cause'] for x in f), f
+    assert summary['restarts']['count'] == 2

@@ -1,0 +1,98 @@
+"""A command whose whole process tree is watched while it runs (fault tests:
+tests/launch/test_stop_and_disk.py, test_restarts.py)."""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from support.procs import descendants as _descendants
+
+JOB_TIMEOUT = 180
+
+
+def start_time(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ('Z', 'X') else fields[19]
+
+
+class Job(object):
+    """A command whose whole process tree is recorded while it runs.
+
+    ``leftovers()`` are the processes it started that are still alive (same
+    PID and start time); on a timeout everything seen is SIGKILLed and the
+    test fails, so a regression never hangs the suite.
+    """
+
+    def __init__(self, cmd, tmp_path, env=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.out_f = open(str(tmp_path / ('job%d.out' % id(self))), 'w+')
+        self.err_f = open(str(tmp_path / ('job%d.err' % id(self))), 'w+')
+        self.proc = subprocess.Popen(cmd, stdout=self.out_f, stderr=self.err_f, text=True,
+                                     env=full_env, start_new_session=True)
+        self.seen = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._done.is_set():
+            for pid in _descendants(self.proc.pid):
+                if pid not in self.seen:
+                    st = start_time(pid)
+                    if st is not None:
+                        self.seen[pid] = st
+            self._done.wait(0.02)
+
+    def alive(self):
+        """Processes of the job alive now (the launcher included)."""
+        return [p for p, st in self.seen.items() if start_time(p) == st] + \
+            ([self.proc.pid] if self.proc.poll() is None else [])
+
+    def wait(self, timeout=JOB_TIMEOUT):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            pytest.fail('job hung for %ss:\n%s' % (timeout, self.err()[-3000:]))
+        return self.proc.returncode
+
+    def gone_within(self, seconds):
+        """Seconds until every process of the job has ended (None: not within ``seconds``)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            if not self.alive():
+                return time.monotonic() - t0
+            time.sleep(0.02)
+        return None
+
+    def finish(self, leftover_s=5.0):
+        """Stop watching; assert no process of the job is left (killing any that is)."""
+        took = self.gone_within(leftover_s)
+        self._done.set()
+        self._thread.join(2)
+        left = self.alive()
+        self.kill_all()
+        assert not left, 'processes left behind: %s\n%s' % (left, self.err()[-3000:])
+        return took
+
+    def kill_all(self):
+        for pid in [p for p, st in self.seen.items() if start_time(p) == st] + [self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self._done.set()
+
+    def err(self):
+        self.err_f.flush()
+        self.err_f.seek(0)
+        return self.err_f.read()
