@@ -41,6 +41,8 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
     (3, 'theanompi-ext: rank 1 of 2 failed: RuntimeError: a bug', False, 'exception on a rank'),
     (130, '', False, 'SIGINT'), (143, '', False, 'SIGTERM'), (129, '', False, 'SIGHUP'),
     (124, '', False, 'timed out'),
+    (4, 'theanompi-ext: the job did not start within 20 s (start_timeout_s): not every rank '
+        'joined (...)', True, 'did not start in time'),
 ])
 def test_what_a_restart_can_cure(status, message, restartable, words):
     v = restarts.classify(status, message)
@@ -175,8 +177,9 @@ class FakeJob(object):
         from theanompi_ext.train import checkpoint
         self.calls.append((cfg, dict(env)))
         status, message, done, ckpt = self.script.pop(0)
-        with open(env[attempt.PROGRESS_VAR], 'w') as f:
-            f.write('%d\n' % done)
+        if done is not None:        # None: the attempt never started
+            with open(env[attempt.PROGRESS_VAR], 'w') as f:
+                f.write('%d\n' % done)
         if ckpt == 'torn':
             with open(os.path.join(self.out, checkpoint.FILENAME), 'wb') as f:
                 f.write(b'torn')
@@ -307,3 +310,70 @@ def test_another_runs_checkpoint_is_not_restarted_from(tmp_path):
     w.set_version(tr, 4)
     checkpoint.save(tr, str(tmp_path / checkpoint.FILENAME), {})
     assert restarts.good_checkpoint(str(tmp_path), old) == 4
+
+
+UNREACHED = ('theanompi-ext: host tmxh1 could not be reached (`wrapper tmxh1 true` did not '
+             'answer within 10 s); no rank was started (exit status 2)')
+NOT_STARTED = ('theanompi-ext: the job did not start within 20 s (start_timeout_s): not every '
+               'rank joined (a host unreachable, a link down, or the start-up hung); every '
+               'rank was stopped (exit status 4)')
+
+
+def test_a_host_unreachable_is_bad_input_at_the_first_start_only(tmp_path):
+    (tmp_path / 'a').mkdir()
+    (tmp_path / 'b').mkdir()
+    # at the first start: a wrong hostfile, not retried
+    status, job, err, _, log = supervise(tmp_path / 'a', [(2, UNREACHED, None, None)])
+    assert status == 2 and len(job.calls) == 1 and 'bad input' in err
+    # after a start that reached every host: the host or its link is down, restarted;
+    # twice in a row is not "the same failure twice" (each costs its wait; the link
+    # may come back), the budget bounds it
+    status, job, err, _, log = supervise(tmp_path / 'b', [
+        (9, KILLED, 7, 6), (2, UNREACHED, None, None), (4, NOT_STARTED, None, None),
+        (4, NOT_STARTED, None, None), (0, '', 20, 20)], max_restarts=4)
+    assert status == 0 and len(job.calls) == 5, err
+    causes = [x['cause'] for x in log['failures']]
+    assert causes[1:] == [restarts.UNREACHED_CAUSE, restarts.START_CAUSE, restarts.START_CAUSE]
+    # a doubling back-off while the job does not start (restart_backoff_s 0.25 here)
+    assert [x['backoff_s'] for x in log['failures']] == [0.25, 2.0, 4.0, 8.0]
+    assert restarts.backoff_s(1.0, 0) == 1.0 and restarts.backoff_s(0, 7) == 60.0
+    assert restarts.backoff_s(90.0, 2) == 90.0
+    assert [c.resume for c, _ in job.calls] == [False] + [True] * 4    # from iteration 6
+
+
+def test_start_watch_stops_a_job_that_does_not_start(tmp_path):
+    import subprocess
+    import time
+    from theanompi_ext.launch.start_watch import StartWatch
+    marker = tmp_path / 'started'
+    # never started: stopped after the timeout, once
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+    stops = []
+    t0 = time.monotonic()
+    w = StartWatch(proc, lambda: marker.exists(), 0.5, lambda: (stops.append(1), proc.kill()))
+    w.start()
+    proc.wait(timeout=10)
+    w.finish()
+    assert w.fired and stops == [1] and 0.4 < time.monotonic() - t0 < 5
+    # started in time: never stopped
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)'])
+    marker.write_text('')
+    w = StartWatch(proc, lambda: marker.exists(), 0.5, lambda: proc.kill()).start()
+    assert proc.wait(timeout=10) == 0
+    w.finish()
+    assert not w.fired
+    # no check asked for (outside the supervisor): nothing watched
+    w = StartWatch(proc, None, 0.5, lambda: None).start()
+    w.finish()
+    assert not w.fired
+
+
+def test_rank_0_marks_the_start_in_the_progress_file(tmp_path):
+    path = str(tmp_path / 'progress')
+    env = {attempt.PROGRESS_VAR: path}
+    attempt.mark_started(1, env)
+    assert not attempt.started(path)            # rank 0 only
+    attempt.mark_started(0, env)
+    assert attempt.started(path) and attempt.read_progress(path) is None   # no iteration yet
+    attempt.mark_started(0, {})                 # outside the supervisor: nothing
+    assert not attempt.started('')

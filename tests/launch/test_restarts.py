@@ -12,6 +12,7 @@ import os
 import random
 import re
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -122,12 +123,31 @@ def test_an_exception_on_a_rank_is_not_retried(tmp_path):
     assert log['result']['status'] == 3
 
 
+def _cut_during_pause(job, eh, host, down_s, timeout):
+    """When a rank announces its ``pause`` fault (train/attempt.py), take ``host``'s
+    link down for ``down_s`` seconds; returns when it is up again."""
+    t0 = time.monotonic()
+    while 'FAULT pause' not in job.err():
+        if job.proc.poll() is not None or time.monotonic() - t0 > timeout:
+            return False
+        time.sleep(0.05)
+    eh.cut(host)
+    try:
+        time.sleep(down_s)
+    finally:
+        eh.restore(host)
+    return True
+
+
 @pytest.mark.root
-def test_far_host_rank_killed_restarts_both_hosts_4_ranks_overlap_fp16_hdf5(tmp_path):
+def test_far_host_killed_and_link_cut_restart_both_hosts_4_ranks_overlap_fp16_hdf5(tmp_path):
     """2 emulated hosts x 2 ranks, ar-overlap, a float16 wire, an HDF5 set with
-    augmentation: ranks on the far host are SIGKILLed twice; the job restarts on
-    both hosts (nothing of a failed attempt left on either) and ends with the
-    bits of the run that never failed."""
+    augmentation: a rank on the far host is SIGKILLed, then (in the restarted
+    attempt) the far host's link is cut for 30 s, longer than the collective
+    timeout and than the start timeout. The job restarts on both hosts each time
+    (nothing of a failed attempt left on either; the attempts that meet the link
+    still down do not start and are retried with a growing back-off) and ends
+    with the bits of the run that never failed."""
     from theanompi_ext.data.hdf5 import write_dataset
     from theanompi_ext.launch.emulated_hosts import EmulatedHosts, hosts_problem
     if hosts_problem():
@@ -142,26 +162,42 @@ def test_far_host_rank_killed_restarts_both_hosts_4_ranks_overlap_fp16_hdf5(tmp_
             '--scale-min', '0.5', '--batch-per-worker', '4', '--epochs', '3',
             '--base-lr', '0.05', '--ref-batch', '16', '--warmup-epochs', '1',
             '--decay-epochs', '2', '--exch-strategy', 'ar-overlap', '--wire-dtype', 'float16',
-            '--checkpoint-every', '2', '--max-restarts', '2', '--restart-backoff-s', '0',
+            '--checkpoint-every', '2', '--max-restarts', '6', '--restart-backoff-s', '0',
+            '--collective-timeout-s', '8', '--stall-warn-s', '4', '--start-timeout-s', '20',
             '--quiet']
     rnd = random.Random(4029)
     a0 = rnd.randint(3, 8)
     a1 = rnd.randint(a0 + 3, 16)
+    faults = [(0, 3, a0, 'kill'), (1, 2, a1, 'pause')]
     with EmulatedHosts(hosts=2, ranks_per_host=2) as eh:
         env = dict(eh.env(), MPIR_CVAR_ENABLE_HEAVY_YIELD='1')
         argv += ['--hostfile', eh.hostfile]
         # 4 ranks on 2 cores shared with other jobs: a launch takes 1-4 min
         rc, ref, _, err = _run(tmp_path, 'ref', argv, env=env, timeout=600)
         assert rc == 0, err[-3000:]
-        rc, out, stdout, err = _run(tmp_path, 'faults', argv,
-                                    [(0, 3, a0, 'kill'), (1, 2, a1, 'kill')], env=env,
-                                    timeout=1200)
-        assert rc == 0, err[-4000:]
-    print('\nfar-host ranks killed after iterations %d and %d' % (a0, a1))
+        out = tmp_path / 'faults'
+        full = dict(env, **{attempt.FAULTS_VAR: ';'.join('%d:%d:%d:%s' % f for f in faults)})
+        job = Job(CLI + argv + ['--out', str(out)], tmp_path, full)
+        cut = _cut_during_pause(job, eh, 'tmxh1', 30.0, timeout=900)
+        rc = job.wait(1200)
+        job.finish()                     # nothing of any attempt is left running
+        err = job.err()
+    assert cut, 'the pause never came:\n' + err[-3000:]
+    assert rc == 0, err[-4000:]
+    print('\nfar-host rank killed after iteration %d, link cut 30 s after iteration %d'
+          % (a0, a1))
     summary = _same_bits(ref, out)
     f = _log(out)['failures']
+    print('\n'.join('attempt %d: %s (status %d), back-off %.1f s, %.2f s to restart'
+                    % (x['attempt'], x['cause'], x['status'], x['backoff_s'],
+                       x['seconds_to_restart']) for x in f))
     # hydra ends with 255 when a rank dies on another host (its proxy saw exit code 9)
-    assert [(x['rank'], x['host'], x['failed_at_iteration'], x['restarted']) for x in f] == [
-        (3, 'tmxh1', a0, True), (2, 'tmxh1', a1, True)], f
-    assert all(x['status'] in (9, 255) and '9' in x['cause'] for x in f), f
-    assert summary['restarts']['count'] == 2
+    assert (f[0]['rank'], f[0]['host'], f[0]['failed_at_iteration']) == (3, 'tmxh1', a0), f
+    assert f[0]['status'] in (9, 255) and '9' in f[0]['cause'], f
+    # the cut: the watchdog ends the attempt (status 4) where it was
+    assert f[1]['status'] == 4 and 'collective timed out' in f[1]['cause'], f
+    assert f[1]['failed_at_iteration'] == a1
+    # the link may still be down at the next starts: those attempts never start
+    assert all(x['cause'] in (restarts.START_CAUSE, restarts.UNREACHED_CAUSE) for x in f[2:]), f
+    assert all(x['restarted'] for x in f)
+    assert summary['restarts']['count'] == len(f)

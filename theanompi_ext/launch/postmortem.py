@@ -21,11 +21,12 @@ import sys
 import threading
 import time
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
 from .reach import LaunchWatch, explain_launch
+from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
@@ -262,7 +263,7 @@ def _pass_through(stream, dest, *reports):
             report.feed(line)
 
 
-def run_explained(cmd, env=None, size=None, hostfile=None):
+def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_timeout_s=0):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
     SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
@@ -274,7 +275,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None):
     Both streams pass through: hydra writes its report on standard output,
     Open MPI on standard error (each read with a report of its own). When
     mpiexec could not start on some host of ``hostfile``, the message names
-    the host and the status is 2 (:mod:`.reach`).
+    the host and the status is 2 (:mod:`.reach`). With ``started`` (a callable)
+    and ``start_timeout_s``, a job for which ``started()`` is still false after
+    that many seconds is stopped, status 4 (:mod:`.start_watch`).
     """
     folder = make_ranks_folder()
     env = dict(env or child_env())
@@ -282,9 +285,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None):
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
-    proc = None
+    proc = start_watch = None
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        start_watch = StartWatch(proc, started, start_timeout_s, lambda: stop_job(
+            proc, folder, openmpi=is_openmpi(cmd[0]))).start()
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
                                   args=(proc.stderr, sys.stderr, err_report, launch))
         err_thread.start()
@@ -293,6 +298,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None):
         status = proc.wait()
         err_thread.join()
         watch.stop()
+        start_watch.finish()
+        if start_watch.fired:
+            sys.stderr.write(not_started_message(start_timeout_s, EXIT_TIMEOUT) + '\n')
+            sys.stderr.flush()
+            return EXIT_TIMEOUT
         report = out_report if out_report.pid is not None else err_report
         notes = read_rank_notes(folder)
         message, status = explain(status, report, notes, size, first_exit=watch.first())
@@ -310,6 +320,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None):
         # a second signal while stopping must not cut the stop short
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        if start_watch is not None:
+            start_watch.finish()
         if proc is not None:
             _drain(proc.stdout)
             stop_job(proc, folder, openmpi=is_openmpi(cmd[0]))

@@ -6,12 +6,15 @@
 * :data:`PROGRESS_VAR`: a file where rank 0 keeps the last iteration it
   finished (8 bytes rewritten in place, no fsync: a few microseconds a
   step), so the supervisor knows the step a failure happened at and the
-  iterations it lost;
+  iterations it lost; rank 0 creates it (empty) as soon as every rank has
+  joined the communicator (:func:`mark_started`), which tells the
+  supervisor that the attempt started (``launch/start_watch.py``);
 * :data:`FAULTS_VAR`: the tests' fault injection, ``ATTEMPT:RANK:ITER:KIND``
   entries separated by ``;``: after iteration ITER of attempt ATTEMPT, rank
   RANK is SIGKILLed (``kill``), SIGSTOPped (``stop``), raises (``raise``),
-  or is SIGKILLed inside its next checkpoint write (``ckpt``; rank 0, the
-  writer, half-way through writing the temporary file).
+  is SIGKILLed inside its next checkpoint write (``ckpt``; rank 0, the
+  writer, half-way through writing the temporary file), or sleeps
+  :data:`PAUSE_S` (``pause``: a moment in which a test cuts a link).
 """
 import os
 import signal
@@ -20,7 +23,8 @@ ATTEMPT_VAR = 'THEANOMPI_EXT_ATTEMPT'
 MAX_RESTARTS_VAR = 'THEANOMPI_EXT_MAX_RESTARTS'
 PROGRESS_VAR = 'THEANOMPI_EXT_PROGRESS_FILE'
 FAULTS_VAR = 'THEANOMPI_EXT_FAULTS'
-KINDS = ('kill', 'stop', 'raise', 'ckpt')
+KINDS = ('kill', 'stop', 'raise', 'ckpt', 'pause')
+PAUSE_S = 2.0
 
 
 def number(environ=None):
@@ -30,6 +34,20 @@ def number(environ=None):
         return int(env.get(ATTEMPT_VAR, 0)), int(env.get(MAX_RESTARTS_VAR, 0))
     except ValueError:
         return 0, 0
+
+
+def mark_started(rank, environ=None):
+    """Rank 0 creates the progress file (empty: no iteration yet), once every
+    rank has joined the communicator; nothing outside the supervisor."""
+    env = os.environ if environ is None else environ
+    path = env.get(PROGRESS_VAR)
+    if rank == 0 and path:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+def started(path):
+    """Whether the attempt whose progress file is ``path`` has started."""
+    return bool(path) and os.path.exists(path)
 
 
 def parse_faults(text):
@@ -77,6 +95,9 @@ class AttemptHooks(object):
             os.kill(os.getpid(), signal.SIGSTOP)
         elif kind == 'raise':
             raise RuntimeError('injected fault at iteration %d' % iteration)
+        elif kind == 'pause':
+            import time
+            time.sleep(PAUSE_S)
         else:
             self.die_in_write = True
 

@@ -150,6 +150,7 @@ def _launch(args, cfg):
     from ..launch.mpiexec import child_env, find_mpiexec
     from ..launch.postmortem import run_explained   # names a rank that died
     from ..launch.worker_job import temporary_worker_config, worker_command
+    from .attempt import PROGRESS_VAR, started
     if args.workers == 1 and not args.hostfile and not cfg.max_restarts:
         # (a job that may restart runs under mpiexec even on one rank)
         from .worker import run, guarded
@@ -170,8 +171,11 @@ def _launch(args, cfg):
             if sys.stdout.isatty():
                 # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
                 env[STDOUT_TTY_VAR] = '1'
+            progress = extra_env.get(PROGRESS_VAR)     # set by the restart supervisor
             return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
-                                 size=args.workers, hostfile=args.hostfile)
+                                 size=args.workers, hostfile=args.hostfile,
+                                 started=(lambda: started(progress)) if progress else None,
+                                 start_timeout_s=cfg.start_timeout_s)
     if not cfg.max_restarts:
         return attempt(cfg, {})
     from .restarts import recorded_run, supervise

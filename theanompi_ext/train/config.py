@@ -45,6 +45,7 @@ class TrainConfig(object):
     checkpoint_every_s: float = 0.0      # also a checkpoint once this many seconds passed (0: off)
     max_restarts: int = 0                # restarts from the last good checkpoint (train/restarts.py)
     restart_backoff_s: float = 1.0       # wait before each restart, seconds
+    start_timeout_s: float = 300.0       # with restarts: an attempt not started by then is stopped
     resume: bool = False
     overwrite: bool = False              # start a new run in an --out holding another one
     timeline: str = ''
@@ -170,7 +171,7 @@ class TrainConfig(object):
         if self.crop < 0:
             bad('crop', 'must be >= 0')
         for name in ('collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
-                     'checkpoint_every_s', 'restart_backoff_s'):
+                     'checkpoint_every_s', 'restart_backoff_s', 'start_timeout_s'):
             if getattr(self, name) < 0:
                 bad(name, 'must be a number of seconds >= 0 (0: off)')
         try:

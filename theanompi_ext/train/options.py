@@ -83,6 +83,9 @@ HELP = {
                     'start again from the newest good checkpoint, at most this many times '
                     '(needs --out; docs/faults.md#restarts)',
     'restart_backoff_s': 'wait before each restart, seconds',
+    'start_timeout_s': 'with --max-restarts: an attempt whose ranks have not all joined MPI '
+                       'within this many seconds (a host or link still down, a hung start) is '
+                       'stopped and counts as a failure a restart may cure (0: never)',
     'resume': 'continue from OUT/checkpoint.h5 instead of starting afresh',
     'overwrite': 'start a new run in an --out that holds another run, replacing its '
                  'checkpoint and outputs (without it such a folder is refused)',
@@ -116,7 +119,8 @@ GROUPS = (
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
                   'first_bucket_cap_mb', 'wire_dtype', 'exchange_path', 'backend', 'topology')),
     ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'checkpoint_every_s',
-                                'max_restarts', 'restart_backoff_s', 'resume', 'overwrite',
+                                'max_restarts', 'restart_backoff_s', 'start_timeout_s',
+                                'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
                                 'check_replicas_every')),
     ('output', ('out', 'timeline', 'eval_every', 'quiet', 'progress_every')),
@@ -128,7 +132,7 @@ METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline':
             'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
             'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
             'write_timeout_s': 'S', 'device': 'DEV', 'checkpoint_every_s': 'S',
-            'restart_backoff_s': 'S', 'max_restarts': 'N',
+            'restart_backoff_s': 'S', 'start_timeout_s': 'S', 'max_restarts': 'N',
             'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
             'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
             'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}

@@ -32,6 +32,7 @@ import sys
 import time
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
+from ..launch.start_watch import NOT_STARTED
 from . import attempt as attempt_vars
 
 LOG_NAME = 'restarts.json'
@@ -53,6 +54,26 @@ _STEP = re.compile(r'at step (\d+)')
 
 Verdict = collections.namedtuple('Verdict', 'restartable cause')
 
+#: The causes of an attempt that never started (a host or link still down): each
+#: costs its wait (start_timeout_s, or hydra's own), so the "same failure twice"
+#: rule leaves them to the budget (a link may come back).
+START_CAUSE = 'the job did not start in time (a host or link down, or the start-up hung)'
+UNREACHED_CAUSE = 'a host could not be reached (it could at the first start)'
+#: The back-off after the k-th start failure in a row: this times 2**(k-1), at
+#: most :data:`START_BACKOFF_MAX_S` (never less than restart_backoff_s), so a
+#: link that is down for a while is not met again at once.
+START_BACKOFF_S = 2.0
+START_BACKOFF_MAX_S = 60.0
+
+
+def backoff_s(base, start_failures):
+    """Seconds to wait before a restart: ``base`` (restart_backoff_s), or after
+    ``start_failures`` (>= 1) attempts in a row that never started, a doubling
+    wait from :data:`START_BACKOFF_S`."""
+    if start_failures < 1:
+        return base
+    return max(base, min(START_BACKOFF_MAX_S, START_BACKOFF_S * 2 ** (start_failures - 1)))
+
 
 def classify(status, message=''):
     """Whether a job that ended with ``status`` (and the launcher's and ranks'
@@ -71,6 +92,8 @@ def classify(status, message=''):
     if status == EXIT_BAD_INPUT:
         return Verdict(False, 'bad input')
     if status == EXIT_TIMEOUT:
+        if NOT_STARTED in message:
+            return Verdict(True, START_CAUSE)
         if 'write_timeout_s' in message:
             return Verdict(True, 'a checkpoint or output write hung (write_timeout_s)')
         return Verdict(True, 'a collective timed out (a rank stopped, hung or cut off)')
@@ -117,7 +140,8 @@ def last_message(text):
     lines = [ln.strip() for ln in (text or '').splitlines()
              if ln.startswith('theanompi-ext: ') and 'warning' not in ln[:40]
              and 'stall:' not in ln[:40] and not ln.startswith('theanompi-ext: restart')]
-    for pattern in ('died:', 'no progress for', 'failed:', 'ended without'):
+    for pattern in ('died:', 'no progress for', 'failed:', 'ended without', NOT_STARTED,
+                    'no rank was started'):
         hits = [ln for ln in lines if pattern in ln]
         if hits:
             return hits[-1]
@@ -261,7 +285,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
     progress = os.path.join(cfg.out, PROGRESS_NAME)
     not_ours = set() if cfg.resume else file_versions(cfg.out)
     previous = None
-    attempt = 0
+    attempt = start_failures = 0
     try:
         while True:
             env = {attempt_vars.ATTEMPT_VAR: str(attempt),
@@ -279,6 +303,9 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
                 return status
             message = last_message(text)
             verdict = classify(status, message)
+            if attempt and status == EXIT_BAD_INPUT and 'no rank was started' in message:
+                # reached at the first start: a host or link down now, not a bad hostfile
+                verdict = Verdict(True, UNREACHED_CAUSE)
             rank, host = culprit(message)
             at = attempt_vars.read_progress(progress)
             step = _STEP.search(message)
@@ -305,12 +332,15 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
                 return status
             previous = key
             attempt += 1
+            start_failures = start_failures + 1 if verdict.cause in (
+                START_CAUSE, UNREACHED_CAUSE) else 0
+            wait = backoff_s(cfg.restart_backoff_s, start_failures)
             lost = (at - (resumed or 0)) if at is not None else None
             entry.update(restarted=True, resumed_from_iteration=resumed or 0,
-                         iterations_lost=lost, backoff_s=cfg.restart_backoff_s)
+                         iterations_lost=lost, backoff_s=wait)
             err.write('theanompi-ext: restart %d of %d in %.1f s: %s%s (exit status %d); '
                       'resuming from %s%s\n' % (
-                          attempt, cfg.max_restarts, cfg.restart_backoff_s, verdict.cause,
+                          attempt, cfg.max_restarts, wait, verdict.cause,
                           ' (rank %d%s)' % (rank, ' on %s' % host if host else '')
                           if rank is not None else '', status,
                           'the checkpoint of iteration %d' % resumed if resumed is not None
@@ -318,7 +348,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
                           ', %d iteration%s lost' % (lost, '' if lost == 1 else 's')
                           if lost is not None else ''))
             err.flush()
-            sleep(cfg.restart_backoff_s)
+            sleep(wait)
             entry['seconds_to_restart'] = round(time.monotonic() - t_failed, 3)
             log.failure(entry)
             if resumed is not None:
@@ -344,7 +374,7 @@ def _why_not(verdict, attempt, max_restarts, key, previous):
     if attempt >= max_restarts:
         return 'the restart budget is spent (%d of %d); the last failure: %s' % (
             attempt, max_restarts, verdict.cause)
-    if key == previous:
+    if key == previous and verdict.cause not in (START_CAUSE, UNREACHED_CAUSE):
         return ('the same failure twice at iteration %s (%s): a restart would meet it again'
                 % ('?' if key[3] is None else key[3], verdict.cause))
     return None

@@ -23,6 +23,8 @@ def run(cfg, comm=None, log=print):
     from ..engine.open import open_on_every_rank
     cfg = cfg.validate()
     comm = comm or create_communicator(cfg.backend, topology=cfg.topology)
+    from .attempt import mark_started
+    mark_started(comm.rank)     # every rank joined (the communicator's Dup): the start check
     dev = open_on_every_rank(cfg.device, comm)   # Theano loads here, on this rank's device
     if dev != 'cpu':
         from ..step.device import choose_exchange_path

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from ...errors import EXIT_TIMED_OUT
+from ...errors import EXIT_TIMED_OUT, EXIT_TIMEOUT
 from .stats import LAST_EPOCHS, run_error
 
 RUN_FILES = ('summary.json', 'params.npz', 'curves.png', 'checkpoint.h5', 'train.log',
@@ -91,7 +91,8 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
         write_worker_config(cfg.to_dict(), cfg_path)
         start = os.path.getsize(log_path) if not first else 0
         rc = _run_logged(worker_command(setting.workers, cfg_path, setting.hostfile), log_path,
-                         timeout, echo, extra_env, append=not first)
+                         timeout, echo, extra_env, append=not first,
+                         start_timeout_s=cfg.start_timeout_s)
         with open(log_path, errors='replace') as f:
             f.seek(start)
             return rc, f.read()
@@ -130,11 +131,16 @@ def _clear_run_folder(folder):
             os.unlink(p)
 
 
-def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False):
+def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False, start_timeout_s=0):
     """Run ``cmd`` with its output in ``log_path`` (after what it holds with
     ``append``), ``extra_env`` added to its environment; its exit status
-    (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after ``timeout`` s)."""
-    from ...launch.mpiexec import child_env, popen_job, wait_job
+    (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after ``timeout`` s;
+    under the restart supervisor, status 4 when not started within
+    ``start_timeout_s``: launch/start_watch.py)."""
+    from ...launch.mpiexec import child_env, popen_job, stop_group, wait_job
+    from ...launch.start_watch import StartWatch, not_started_message
+    from ..attempt import PROGRESS_VAR, started
+    progress = (extra_env or {}).get(PROGRESS_VAR)
     env = child_env()
     env.update(extra_env or {})
     with open(log_path, 'a' if append else 'w') as log:
@@ -147,10 +153,17 @@ def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False):
         pump = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),
                                 daemon=True)
         pump.start()
+        watch = StartWatch(proc, (lambda: started(progress)) if progress else None,
+                           start_timeout_s, lambda: stop_group(proc)).start()
         try:
-            return wait_job(proc, timeout)
+            rc = wait_job(proc, timeout)
         finally:
+            watch.finish()
             pump.join(timeout=10)
+        if watch.fired:
+            rc = EXIT_TIMEOUT
+            log.write(not_started_message(start_timeout_s, rc) + '\n')
+        return rc
 
 
 def _failed_record(i, cfg, rc, wall, log_path, timeout):
