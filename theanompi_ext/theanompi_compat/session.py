@@ -200,7 +200,7 @@ def session_from_file(path, flags=None):
     try:
         restart_settings(dict(restart, out=options.get('out', '')))
     except ValueError as exc:
-        raise ValueError('%s: %s' % (path, str(exc).replace('option out', 'OUT').replace(
+        raise ValueError('%s: %s' % (path, str(exc).replace('the option out', 'the key OUT').replace(
             'option max_restarts', 'MAX_RESTARTS')))
     options.update(restart)
     sync_type, exch = _exchange_mode(values, options, path)
