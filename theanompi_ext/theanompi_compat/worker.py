@@ -20,7 +20,10 @@ call of ``train_iter_fn`` runs our gradient + exchange + update, see
 :mod:`~theanompi_ext.theanompi_compat.train_fn`: one iteration per
 sub-batch), a validation pass over every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
-ends the job (``train.worker.guarded``).
+ends the job (``train.worker.guarded``). Under the restart supervisor
+(``max_restarts``, :mod:`.restart_job`) rank 0 marks each iteration
+(``train/attempt.py``), every rank takes part in a checkpoint at each
+epoch's end, and a restarted job resumes from it (:mod:`.resume`).
 """
 import io
 import importlib
