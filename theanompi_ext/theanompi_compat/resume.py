@@ -125,7 +125,12 @@ def worker_state(model):
             if getattr(v, 'default_update', None) is not None and v not in params \
                     and v not in found:
                 found.append(v)
-    state = [_Named('%03d_%s' % (i, v.name or 'state'), v) for i, v in enumerate(found)]
+    state = []
+    for i, v in enumerate(found):
+        name, value = '%03d_%s' % (i, v.name or 'state'), v.get_value(borrow=True)
+        # theano.tensor.shared_randomstreams keeps a RandomState object (MRG: an array)
+        state.append(_numpy_generator(name, value) if isinstance(value, np.random.RandomState)
+                     else _Named(name, v))
     # the generator of the "unused" np.random.shuffle-style calls, and Python's
     state += [_numpy_generator('rng_numpy', np.random.mtrand._rand), _python_generator()]
     for where, owner in (('model', model), ('data', getattr(model, 'data', None))):
