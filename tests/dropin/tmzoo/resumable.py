@@ -74,7 +74,3 @@ class ResumableMLP(DigitsMLP):
         if epoch + 1 == 2:
             self.shared_lr.set_value(np.float32(self.shared_lr.get_value() / 2))
 
-
-class ParaLoadMLP(ResumableMLP):
-    """Loads in a separate process (as Theano-MPI's ImageNet models): not resumable."""
-    para_load = True
