@@ -162,6 +162,7 @@ class ContractCheckpoint(object):
 
     @property
     def iteration(self):
+        """The stepper's iteration (what the checkpoint records and restores)."""
         return self.stepper.iteration
 
     @iteration.setter
