@@ -113,7 +113,7 @@ def test_cli_refuses_max_restarts_without_out(capsys):
 
 def test_options_everywhere_a_user_sets_them(tmp_path):
     """The session (config) file's keys and trials' options reach the same fields;
-    the Theano-MPI rule refuses the option with the reason."""
+    the Theano-MPI rule needs ``out`` with it (its restarts: tests/compat/test_tm_restarts.py)."""
     from theanompi_ext.train import options
     p = tmp_path / 'session.cfg'
     p.write_text('MAX_RESTARTS = 3\nCHECKPOINT_EVERY_S = 600\nRESTART_BACKOFF_S=0.5\nOUT=x\n')
@@ -124,7 +124,7 @@ def test_options_everywhere_a_user_sets_them(tmp_path):
     ns = build_parser().parse_args(['trials', '--runs', '2', '--out', 'o', '--max-restarts', '2'])
     assert ns.max_restarts == 2
     from theanompi_ext.theanompi_compat.rule import BSP
-    with pytest.raises(ValueError, match='max_restarts.*no checkpoint'):
+    with pytest.raises(ValueError, match='max_restarts.*give the option out'):
         BSP().init(['cpu0', 'cpu1'], 'x', 'Y', max_restarts=2)
 
 
@@ -287,14 +287,6 @@ def test_checkpoint_cost_record():
     c = checkpoint_cost([0.1, 0.3], 4.0)
     assert c['count'] == 2 and np.isclose(c['mean_s'], 0.2) and np.isclose(c['share'], 0.1)
     assert checkpoint_cost([], 1.0)['mean_s'] is None
-
-
-def test_theanompi_session_file_refuses_max_restarts_with_the_reason(tmp_path):
-    from theanompi_ext.theanompi_compat.session import session_from_file
-    p = tmp_path / 'session.cfg'
-    p.write_text('RULE=BSP\nMODELFILE=x\nMODELCLASS=Y\nDEVICES=cpu0,cpu1\nMAX_RESTARTS=2\n')
-    with pytest.raises(ValueError, match='MAX_RESTARTS: the Theano-MPI path has no checkpoint'):
-        session_from_file(str(p))
 
 
 def test_another_runs_checkpoint_is_not_restarted_from(tmp_path):

@@ -33,6 +33,8 @@ OPTION_DEFAULTS = {
     # long aborts every rank, this long logs who has not arrived (0: never).
     'collective_timeout_s': (30.0, float),
     'stall_warn_s': (10.0, float),
+    # Under max_restarts: rank 0's checkpoint write this long aborts the job (0: never).
+    'write_timeout_s': (300.0, float),
     'timeline': ('', str),             # PREFIX: rank 0 writes PREFIX.json/.png (per-step lanes)
     # How an allreduce spans hosts (collective/two_level.py), as `train --topology`.
     # Read from the environment only: the communicator exists before the model loads.

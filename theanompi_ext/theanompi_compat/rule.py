@@ -86,11 +86,28 @@ def check_model(modelfile, modelclass):
     return path
 
 
-#: Why the Theano-MPI path refuses ``max_restarts`` (docs/faults.md#restarts).
-NO_RESTARTS = ('option max_restarts: the Theano-MPI path has no checkpoint to restart from '
-               '(its snapshots hold only the parameters: no momentum, BN statistics or data '
-               "position, and the model's own train_iter owns its data loader), so a restart "
-               'would not be the same run; use `theanompi-ext train --max-restarts N`')
+#: Options of the launching side (the restart supervisor, :mod:`.restart_job`):
+#: name -> (default, parser); not passed to the ranks.
+RESTART_OPTIONS = {'max_restarts': (0, int), 'restart_backoff_s': (1.0, float),
+                   'start_timeout_s': (300.0, float)}
+
+
+def restart_settings(options):
+    """Pop the supervisor's options from ``options``: ``{name: value}`` (ValueError
+    for a bad value, or ``max_restarts`` without ``out``)."""
+    got = {}
+    for key, (default, parse) in RESTART_OPTIONS.items():
+        raw = options.pop(key, default)
+        try:
+            got[key] = parse(str(raw).strip() or default)
+            if got[key] < 0:
+                raise ValueError('must be >= 0')
+        except ValueError as exc:
+            raise ValueError('option %s=%r: %s' % (key, raw, exc))
+    if got['max_restarts'] and not str(options.get('out') or '').strip():
+        raise ValueError('option max_restarts: a restart resumes from OUT/checkpoint.h5, which '
+                         'rank 0 writes at the end of every epoch: give the option out')
+    return got
 
 
 def _child_env(options):
@@ -144,13 +161,16 @@ class BSP(object):
         ``cpuN``: the host backend). An unknown device string is a
         :class:`~theanompi_ext.errors.DeviceError` (a ValueError) here. ``options``: exchange options of
         :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS` (e.g.
-        ``warmup='theanompi'``), passed to the ranks in the environment.
+        ``warmup='theanompi'``), passed to the ranks in the environment, and
+        those of :data:`RESTART_OPTIONS`: with ``max_restarts=N`` (needs
+        ``out``) a process started here runs the job under the restart
+        supervisor (:mod:`.restart_job`), from the checkpoint of the last
+        finished epoch (:mod:`.resume`); ``wait`` waits for it.
         """
         from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
         from ..engine.devices import parse_devices
         from ..launch.devices import remote_hosts, host_args
-        if options.pop('max_restarts', 0):
-            raise ValueError(NO_RESTARTS)
+        restart = restart_settings(options)
         if not devices:
             raise ValueError('no devices given')
         pairs = parse_devices(devices)  # an unknown device string: DeviceError, before launch
@@ -166,6 +186,13 @@ class BSP(object):
         mpiexec = find_mpiexec()
         self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
                                        extra=host_args(hosts, mpiexec) if hosts else ())
+        if restart['max_restarts']:
+            # The supervisor runs in a process of its own (it reaps and ends whatever
+            # an attempt leaves behind: nothing of the caller's); wait() waits for it.
+            from .restart_job import supervisor_command
+            self.proc = popen_job(supervisor_command(self.command, len(devices),
+                                                     options['out'], restart), env)
+            return self
         # Own process group: wait() can stop mpiexec and every rank together.
         # (and killed with this process, whatever the signal: popen_job)
         self.proc = popen_job(self.command, env)

@@ -27,7 +27,9 @@ arrays over several lines). Keys (case-insensitive): ``RULE=BSP``,
 and every exchange option of :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS`
 (``WARMUP``, ``WARMUP_EPOCHS``, ``REF_BATCH``, ``BATCH_PER_WORKER``,
 ``WEIGHT_DECAY``, ``MOMENTUM``, ``MOMENTUM_FORM``, ``EXCHANGE_BN``,
-``BUCKET_CAP_MB``, ``FIRST_BUCKET_CAP_MB``, ``MAX_STEPS``, ``OUT``). An
+``BUCKET_CAP_MB``, ``FIRST_BUCKET_CAP_MB``, ``MAX_STEPS``, ``OUT``), and the
+restart supervisor's ``MAX_RESTARTS`` (needs ``OUT``), ``RESTART_BACKOFF_S``,
+``START_TIMEOUT_S`` (:data:`.rule.RESTART_OPTIONS`). An
 unknown key or flag, a missing model file or class, or a bad value ends
 with a message naming it and exit status 2; otherwise the exit status is
 the job's.
@@ -57,9 +59,9 @@ MODE_DEFAULTS = {'sync_type': 'kn', 'exch_strategy': 'ar'}
 def known_keys():
     """Lower-case keys a session file may use."""
     from .options import OPTION_DEFAULTS
-    # MAX_RESTARTS: known so that it is refused with the reason (rule.NO_RESTARTS)
+    from .rule import RESTART_OPTIONS
     return set(REQUIRED) | set(MODE_DEFAULTS) | set(ALIASES) | set(OPTION_DEFAULTS) | \
-        {'max_restarts'}
+        set(RESTART_OPTIONS)
 
 
 def parse_args(argv):
@@ -180,10 +182,6 @@ def session_from_file(path, flags=None):
             raise ValueError('%s: %s is an array; only DEVICES may be one' % (path, key.upper()))
     if values['rule'].upper() != 'BSP':
         raise ValueError('%s: RULE=%s is not supported (only BSP)' % (path, values['rule']))
-    if values.get('max_restarts', '0').strip() not in ('', '0'):
-        from .rule import NO_RESTARTS
-        raise ValueError('%s: %s' % (path, NO_RESTARTS.replace('option max_restarts',
-                                                             'MAX_RESTARTS')))
     try:
         parse_devices(values['devices'])
     except ValueError as exc:
@@ -197,6 +195,14 @@ def session_from_file(path, flags=None):
                 raise ValueError('%s: %s=%s is not a valid %s' % (
                     path, key.upper(), values[key], type(OPTION_DEFAULTS[key][0]).__name__))
             options[key] = values[key]
+    from .rule import RESTART_OPTIONS, restart_settings
+    restart = {key: values[key] for key in RESTART_OPTIONS if key in values}
+    try:
+        restart_settings(dict(restart, out=options.get('out', '')))
+    except ValueError as exc:
+        raise ValueError('%s: %s' % (path, str(exc).replace('the option out', 'the key OUT').replace(
+            'option max_restarts', 'MAX_RESTARTS')))
+    options.update(restart)
     sync_type, exch = _exchange_mode(values, options, path)
     check_model(values['modelfile'], values['modelclass'])
     devices = values['devices']

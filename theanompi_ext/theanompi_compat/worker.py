@@ -20,7 +20,10 @@ call of ``train_iter_fn`` runs our gradient + exchange + update, see
 :mod:`~theanompi_ext.theanompi_compat.train_fn`: one iteration per
 sub-batch), a validation pass over every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
-ends the job (``train.worker.guarded``).
+ends the job (``train.worker.guarded``). Under the restart supervisor
+(``max_restarts``, :mod:`.restart_job`) rank 0 marks each iteration
+(``train/attempt.py``), every rank takes part in a checkpoint at each
+epoch's end, and a restarted job resumes from it (:mod:`.resume`).
 """
 import io
 import importlib
@@ -121,6 +124,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     from .options import early_option
     comm = comm or create_communicator('auto', topology=early_option('topology'))
     rank, size = comm.rank, comm.size
+    from ..train.attempt import AttemptHooks, mark_started
+    mark_started(rank)     # every rank joined: the supervisor's start check (restart_job.py)
+    hooks = AttemptHooks(rank)
     if len(devices) != size:
         raise ValueError('%d devices (%s) for %d ranks' % (len(devices), ','.join(devices), size))
     # Theano loads here, on this rank's entry (the list has one per rank, in
@@ -141,8 +147,10 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     stepper.take_over()
     log(_start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why, size))
     history, t_start = [], time.perf_counter()
+    ckpt, first_epoch = _restartable(model, stepper, opts, modelclass, history, hooks, log)
     _train_epochs(model, stepper, opts, comm, history, log,
-                  title='%s, %d ranks' % (modelclass, size))
+                  title='%s, %d ranks' % (modelclass, size), first_epoch=first_epoch,
+                  ckpt=ckpt, hooks=hooks)
     model.cleanup()
     summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
                    iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
@@ -152,10 +160,15 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
         if rank == 0:
             from ..exchange.timeline import write_trace
             write_trace(trace, opts['timeline'])
+    restarts_line = ''
+    if ckpt is not None:
+        from ..train.restarts import format_summary, summary_for
+        summary.update(restarts=summary_for(opts['out']), resumed_at_epoch=first_epoch)
+        restarts_line = format_summary(summary['restarts'])
     if rank == 0 and opts['out']:
         write_final(opts['out'], summary, stepper.state_dict())
-    log('summary: %d ranks, %d iterations in %.1fs' % (size, stepper.iteration,
-                                                       summary['wall_s']))
+    log('summary: %d ranks, %d iterations in %.1fs%s' % (size, stepper.iteration,
+                                                         summary['wall_s'], restarts_line))
     if own_comm and hasattr(comm, 'close'):
         comm.close()
     return summary
@@ -198,15 +211,37 @@ def _start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why,
                '(one step per iteration)'))
 
 
-def _train_epochs(model, stepper, opts, comm, history, log, title):
-    """Every epoch: the steps, the validation, the epoch's record (appended to
-    ``history``), the outputs and the model's hyper-parameter hook."""
+def _restartable(model, stepper, opts, modelclass, history, hooks, log):
+    """Under the restart supervisor: ``(the checkpoint, the first epoch)``, the
+    state loaded when the supervisor resumes (:mod:`.resume`); else ``(None, 0)``."""
+    if not hooks.max_restarts:
+        return None, 0
+    from .resume import RESUME_VAR, ContractCheckpoint, check_resumable
+    check_resumable(model)
+    if not opts['out']:
+        raise ValueError('option max_restarts needs the option out (the checkpoint lives there)')
+    ckpt = ContractCheckpoint(model, stepper, modelclass, opts, opts['out'], history)
+    if os.environ.get(RESUME_VAR) != '1':
+        return ckpt, 0
+    first = ckpt.load(model)
+    history[:] = ckpt.history
+    log('%sresumed from %s at epoch %d (iteration %d)' % (
+        'restart %d of %d: ' % (hooks.attempt, hooks.max_restarts) if hooks.attempt else '',
+        ckpt.path, first + 1, stepper.iteration))
+    return ckpt, first
+
+
+def _train_epochs(model, stepper, opts, comm, history, log, title, first_epoch=0, ckpt=None,
+                  hooks=None):
+    """Every epoch from ``first_epoch``: the steps, the validation, the epoch's
+    record (appended to ``history``), the outputs, the model's hyper-parameter
+    hook and (``ckpt``, under the restart supervisor) the checkpoint."""
     from .outputs import write_record, snapshot_due, save_snapshot
     recorder = Recorder()
-    for epoch in range(int(model.n_epochs)):
+    for epoch in range(first_epoch, int(model.n_epochs)):
         model.epoch = epoch
         t_epoch, times_before = time.perf_counter(), dict(recorder.times)
-        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder)
+        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder, hooks)
         model.reset_iter('train')
         if not losses:
             break
@@ -227,9 +262,11 @@ def _train_epochs(model, stepper, opts, comm, history, log, title):
         model.adjust_hyperp(epoch)
         if done:
             break
+        if ckpt is not None:      # the state at the start of the next epoch
+            ckpt.save(epoch + 1, in_write=hooks.in_write)
 
 
-def _train_epoch(model, stepper, opts, recorder):
+def _train_epoch(model, stepper, opts, recorder, hooks=None):
     """One epoch's steps (each sub-batch of each file batch, up to ``max_steps``);
     returns ``(losses, errors, last lr, whether max_steps was reached)``.
 
@@ -256,6 +293,8 @@ def _train_epoch(model, stepper, opts, recorder):
                 cost, err, lr = stepper.train_fn.last
             losses.append(cost)
             errs.append(err)
+            if hooks is not None:
+                hooks.after_step(stepper.iteration)   # progress mark; the tests' faults
     return losses, errs, lr, False
 
 
