@@ -162,7 +162,7 @@ def test_far_host_killed_and_link_cut_restart_both_hosts_4_ranks_overlap_fp16_hd
             '--scale-min', '0.5', '--batch-per-worker', '4', '--epochs', '3',
             '--base-lr', '0.05', '--ref-batch', '16', '--warmup-epochs', '1',
             '--decay-epochs', '2', '--exch-strategy', 'ar-overlap', '--wire-dtype', 'float16',
-            '--checkpoint-every', '2', '--max-restarts', '6', '--restart-backoff-s', '0',
+            '--checkpoint-every', '2', '--max-restarts', '8', '--restart-backoff-s', '0',
             '--collective-timeout-s', '8', '--stall-warn-s', '4', '--start-timeout-s', '20',
             '--write-timeout-s', '12',
             '--quiet']
