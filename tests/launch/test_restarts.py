@@ -123,6 +123,25 @@ def test_an_exception_on_a_rank_is_not_retried(tmp_path):
     assert log['result']['status'] == 3
 
 
+def test_budget_spent_ends_with_the_last_failure(tmp_path):
+    """--max-restarts 1 and two kills: one restart, then the job ends with the
+    second failure's status and message (the launcher's line kept as it was)
+    and says the budget is spent; nothing of either attempt left running."""
+    argv = ['--workers', '2', '--model', 'mlp', '--batch-per-worker', '8', '--epochs', '1',
+            '--max-steps', '12', '--warmup', 'none', '--checkpoint-every', '2', '--quiet',
+            '--max-restarts', '1', '--restart-backoff-s', '0']
+    rc, out, _, err = _run(tmp_path, 'spent', argv, [(0, 1, 3, 'kill'), (1, 0, 7, 'kill')])
+    assert rc == 9, err[-3000:]
+    assert 'theanompi-ext: rank 0 of 2 (pid' in err and 'died: Killed (signal 9)' in err
+    assert 'not restarted: the restart budget is spent (1 of 1); the last failure: a rank ' \
+           'was killed by SIGKILL; the job ends with exit status 9' in err, err[-2000:]
+    log = _log(out)
+    assert [(x['status'], x['rank'], x['restarted'], x['failed_at_iteration'])
+            for x in log['failures']] == [(9, 1, True, 3), (9, 0, False, 7)]
+    assert log['result']['status'] == 9
+    assert not (out / 'summary.json').exists()
+
+
 def _cut_during_pause(job, eh, host, down_s, timeout):
     """When a rank announces its ``pause`` fault (train/attempt.py), take ``host``'s
     link down for ``down_s`` seconds; returns when it is up again."""
