@@ -91,13 +91,13 @@ def inject_write(fault, rank, at, arg):
     save, write_tmp, write_all = checkpoint.save, atomic._write_tmp, atomic.write_all
     armed = []
 
-    def faulty_save(trainer, path, partial=None):
+    def faulty_save(trainer, path, partial=None, **kw):
         if trainer.iteration >= at and not armed:
             armed.append(trainer.iteration)
             if me != 0:
                 announce(fault, me, trainer.iteration)
                 os.kill(os.getpid(), signal.SIGSTOP)
-        return save(trainer, path, partial)
+        return save(trainer, path, partial, **kw)
 
     def faulty_write_tmp(path, data, what):
         if len(armed) != 1:
