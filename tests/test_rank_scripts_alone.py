@@ -128,6 +128,9 @@ NOT_ALONE = {
     'run_overlap.py mismatch': 'needs k >= 2: bucket plans can only differ across ranks',
     'run_overlap.py trace': 'left out for time (a digits_cnn build, ~40 s here); the '
                             'timeline itself is the same code at k = 1 and k = 2',
+    'run_two_level.py': 'needs k >= 2 ranks faked as hosts: at k = 1 MPICommunicator never '
+                        'builds a two-level sum (collective/mpi.py _two_levels); '
+                        'tests/collective/test_two_level.py runs it at k = 3 and 4',
     'ckpt_writer.py': 'no MPI: writes checkpoints until killed, always run alone '
                       '(tests/launch/test_faults.py)',
     'device_unit.py': 'no MPI: one process on the OpenCL device, always run alone '
