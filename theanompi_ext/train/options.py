@@ -152,7 +152,10 @@ class ModelNames(object):
         return sorted(model.MODELS)
 
     def __contains__(self, name):
-        return name in self._names()
+        # the built-in names without Theano: a rank of the user's own mpiexec
+        # checks --model before it opens --device (Theano loads on one device)
+        from ..model.registry import BUILTIN_NAMES
+        return name in BUILTIN_NAMES or name in self._names()
 
     def __iter__(self):
         return iter(self._names())
