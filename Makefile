@@ -47,7 +47,7 @@ demo: install
 	    --out runs/demo --overwrite
 
 test: install
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q --durations=60 tests
 
 # The tests marked root (a tmpfs mount, network namespaces): `make test` skips
 # them, with the reason, for a user without root; CI runs them as root.
