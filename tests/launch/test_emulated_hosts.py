@@ -8,6 +8,7 @@ Root only (network namespaces).
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,63 @@ def test_train_across_hosts_equals_one_host(tmp_path):
     assert sorted(one.files) == sorted(across.files)
     for name in one.files:
         assert np.array_equal(one[name], across[name]), name
+
+
+def test_out_folder_a_host_does_not_see(tmp_path):
+    """The far host does not share the folder of ``--out`` (an empty folder there,
+    as on a host without the shared filesystem): every rank stops before training,
+    status 2, the message names the rank and host that cannot see it, and the
+    folder (on the hosts that share it) keeps only the launcher's lock."""
+    shared = tmp_path / 'shared'
+    shared.mkdir()
+    out = shared / 'run'
+    with EmulatedHosts(hosts=2, ranks_per_host=1, unshared={1: [str(shared)]}) as eh:
+        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
+                             ['--workers', '2', '--out', str(out), '--hostfile', eh.hostfile],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             env=eh.env())
+    assert res.returncode == 2, res.stdout + res.stderr[-4000:]
+    assert re.search(r'--out %s is not seen by rank 1 on host tmxh1 \(cannot read %s'
+                     % (re.escape(str(out)), re.escape(str(out))), res.stderr), \
+        res.stderr[-3000:]
+    assert 'rank 0 on host' not in res.stderr.split('is not seen by')[-1].split('\n')[0]
+    assert not (out / 'params.npz').exists() and not (out / 'summary.json').exists()
+
+
+def test_rank_that_dies_before_mpi_starts_ends_the_job(tmp_path):
+    """The far host lacks the package (its folder empty there): its rank dies before
+    MPI starts, where hydra leaves the other rank waiting in MPI's start forever.
+    The launcher's start watch ends the job after --start-timeout-s (status 4,
+    said why), and nothing is left on either host."""
+    pkg = os.path.join(ROOT, 'theanompi_ext')
+    with EmulatedHosts(hosts=2, ranks_per_host=1, unshared={1: [pkg]}) as eh:
+        t0 = time.monotonic()
+        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
+                             ['--workers', '2', '--out', str(tmp_path / 'run'),
+                              '--hostfile', eh.hostfile, '--start-timeout-s', '10'],
+                             capture_output=True, text=True, timeout=200, cwd=ROOT,
+                             env=eh.env())
+        took = time.monotonic() - t0
+        left = _left_running(eh)
+    assert res.returncode == 4, res.stdout + res.stderr[-4000:]
+    assert 'the job did not start within 10 s (start_timeout_s): not every rank joined' \
+        in res.stderr, res.stderr[-3000:]
+    assert "No module named 'theanompi_ext" in res.stderr     # the rank's own words, passed on
+    assert took < 60, took
+    assert not left, left
+
+
+def _left_running(eh, limit=10.0):
+    """What still runs in the namespaces of ``eh`` after ``limit`` seconds ({} if nothing)."""
+    spaces = [eh.hub] + [eh.namespace(h) for h in eh.hosts]
+    deadline = time.monotonic() + limit
+    while True:
+        left = {ns: subprocess.run(['ip', 'netns', 'pids', ns], capture_output=True,
+                                   text=True).stdout.split() for ns in spaces}
+        left = {ns: p for ns, p in left.items() if p}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def test_check_equivalence_across_hosts(tmp_path):

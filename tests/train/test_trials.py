@@ -153,8 +153,7 @@ FAKE_MPIEXEC = '''#!%s
 import json, os, sys
 if '--version' in sys.argv:
     sys.exit(0)
-with open(sys.argv[-1]) as f:
-    cfg = json.load(f)
+cfg = json.loads(os.environ['THEANOMPI_EXT_WORKER_CONFIG'])   # launch/worker_job.CONFIG_VAR
 mode = os.environ['FAKE_MODE']
 if mode == 'diverge' and cfg['seed'] == 1:
     print('theanompi-ext: rank 0 of 2 failed: NonFiniteLoss: non-finite loss (nan)')

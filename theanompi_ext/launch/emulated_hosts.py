@@ -145,7 +145,11 @@ esac
 # mpiexec and keep that proxy waiting)
 # (Open MPI's daemon command is shell code, VAR=...; export VAR; prted ...: not exec'd)
 case "$*" in *\;*|*=*) run="$*" ;; *) run="exec $*" ;; esac
-exec ip netns exec "$ns" unshare -u bash -c "for fd in \$(ls /proc/\$\$/fd); do [ \$fd -gt 2 ] && eval \"exec \$fd>&-\" 2>/dev/null; done; hostname $host && $run"
+# a folder this host does not share: an empty tmpfs over it, in a mount namespace of
+# the host's own (a host without the shared filesystem)
+mnt=""; pre=""
+[ -n "$hide" ] && { mnt="-m --propagation private"; pre="for d in $hide; do mount -t tmpfs tmx-unshared \$d || exit 255; done; "; }
+exec ip netns exec "$ns" unshare -u $mnt bash -c "${pre}for fd in \$(ls /proc/\$\$/fd); do [ \$fd -gt 2 ] && eval \"exec \$fd>&-\" 2>/dev/null; done; hostname $host && $run"
 '''
 
 MPIEXEC_SCRIPT = r'''#!/bin/sh
@@ -175,9 +179,13 @@ class EmulatedHosts(object):
     (netem, applied where it leaves a host). Raises
     :class:`~theanompi_ext.launch.emulated_network.NetworkSetupError` on entering
     when they cannot be made (not root, no iproute2, no netem in the kernel).
+    ``unshared``: ``{host (name or index): [folder, ...]}``, folders that host does
+    not share with the others: its processes see an empty folder there (a tmpfs in
+    a mount namespace of its own), as a host without the shared filesystem would.
     """
 
-    def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None, mpiexec=None):
+    def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None, mpiexec=None,
+                 unshared=None):
         if int(hosts) < 1 or int(hosts) > 250 or int(ranks_per_host) < 1:
             raise ValueError('hosts must be 1..250 and ranks_per_host >= 1')
         if rate is not None:
@@ -185,6 +193,10 @@ class EmulatedHosts(object):
         self.n, self.ranks_per_host = int(hosts), int(ranks_per_host)
         self.rate, self.delay = rate, delay
         self.hosts = [host_name(i) for i in range(self.n)]
+        self.unshared = {}
+        for host, folders in (unshared or {}).items():
+            i = host if isinstance(host, int) else self.hosts.index(host)
+            self.unshared[i] = [os.path.abspath(d) for d in folders]
         self.hub = '%s%d-hub' % (PREFIX, os.getpid())
         self.folder = self.hostfile = self.mpiexec = self._reaper = None
         self.real_mpiexec, self.openmpi = mpiexec, False
@@ -266,8 +278,9 @@ class EmulatedHosts(object):
 
     def _write_scripts(self):
         q = shlex.quote
-        cases = '\n'.join('  %s) ns=%s ;;' % (h, self.namespace(i))
-                          for i, h in enumerate(self.hosts))
+        cases = '\n'.join('  %s) ns=%s; hide=%s ;;' % (
+            h, self.namespace(i), q(' '.join(q(d) for d in self.unshared.get(i, ()))))
+            for i, h in enumerate(self.hosts))
         launch = self._script('launch', LAUNCH_SCRIPT % {'cases': cases})
         genv = ' '.join('-genv %s %s' % (k, q(v)) for k, v in sorted(HOSTS_ENV.items()))
         real = self.real_mpiexec or find_mpiexec()

@@ -16,12 +16,16 @@
   writer, half-way through writing the temporary file), or sleeps
   :data:`PAUSE_S` (``pause``: a moment in which a test cuts a link).
 """
+import contextlib
 import os
 import signal
+import tempfile
 
 ATTEMPT_VAR = 'THEANOMPI_EXT_ATTEMPT'
 MAX_RESTARTS_VAR = 'THEANOMPI_EXT_MAX_RESTARTS'
 PROGRESS_VAR = 'THEANOMPI_EXT_PROGRESS_FILE'
+#: The progress file's name in --out of a job run without the supervisor.
+START_NAME = '.theanompi-ext.started'
 FAULTS_VAR = 'THEANOMPI_EXT_FAULTS'
 KINDS = ('kill', 'stop', 'raise', 'ckpt', 'pause')
 PAUSE_S = 2.0
@@ -43,6 +47,36 @@ def mark_started(rank, environ=None):
     path = env.get(PROGRESS_VAR)
     if rank == 0 and path:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+@contextlib.contextmanager
+def start_marker(out, across_hosts):
+    """The progress file of a job run without the restart supervisor, so that
+    its start is watched too (``launch/start_watch.py``); removed afterwards.
+
+    In ``out`` (every host sees it: ``train/placement.py`` checks), else on one
+    host in $TMPDIR; across hosts without ``out`` there is no folder known to
+    be rank 0's as well as the launcher's: None (not watched)."""
+    if out:
+        path = os.path.join(out, START_NAME)
+    elif not across_hosts:
+        fd, path = tempfile.mkstemp(prefix='.theanompi-ext-start-')
+        os.close(fd)
+    else:
+        yield None
+        return
+    _remove(path)
+    try:
+        yield path
+    finally:
+        _remove(path)
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def started(path):

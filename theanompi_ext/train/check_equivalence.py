@@ -81,13 +81,12 @@ def max_relative_difference(a, b):
 def main(args):
     """Run both, compare, print the figure last."""
     from ..launch.mpiexec import child_env, run_mpiexec
-    from ..launch.worker_job import worker_command, write_worker_config
+    from ..launch.worker_job import worker_command, worker_env
     hostfile = getattr(args, 'hostfile', None)
     # rank 0 writes params.npz there and every rank reads the config: across hosts, a
     # folder they all see (the current one, docs/multinode.md), not this host's $TMPDIR
     out = tempfile.mkdtemp(prefix='tmx-equiv-', dir=os.getcwd() if hostfile else None)
     cfg = _cfg(args, out)
-    path = write_worker_config(cfg.to_dict(), os.path.join(out, 'cfg.json'))
     tol = tolerance(args.wire_dtype)
     print('check-equivalence: %s, %d workers x %d examples, %d steps, kn-batch %d; '
           'tolerance %.1e (relative, %s wire)' % (cfg.model, args.workers, args.batch,
@@ -98,7 +97,8 @@ def main(args):
               'summed gradient by up to 2u = %.1e and momentum %.1f keeps 1/(1-m) = %.0f '
               'times that: tolerance 2u/(1-m)' % (args.wire_dtype, tol * (1 - MOMENTUM),
                                                   MOMENTUM, 1 / (1 - MOMENTUM)))
-    rc = run_mpiexec(worker_command(args.workers, path, hostfile), env=child_env(),
+    rc = run_mpiexec(worker_command(args.workers, hostfile),
+                     env=worker_env(cfg.to_dict(), child_env()),
                      timeout=args.timeout)
     if rc != EXIT_OK:
         print('check-equivalence: the %d-rank run failed (exit %d)' % (args.workers, rc))

@@ -149,7 +149,7 @@ def _launch(args, cfg):
     from ..errors import BadInput
     from ..launch.mpiexec import child_env, find_mpiexec
     from ..launch.postmortem import run_explained   # names a rank that died
-    from ..launch.worker_job import temporary_worker_config, worker_command
+    from ..launch.worker_job import worker_command, worker_env
     from .attempt import PROGRESS_VAR, started
     if args.workers == 1 and not args.hostfile and not cfg.max_restarts:
         # (a job that may restart runs under mpiexec even on one rank)
@@ -160,23 +160,23 @@ def _launch(args, cfg):
     except BadInput as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
-    # every rank reads the config: across hosts, from --out (which they all see:
-    # placement.py checks) or else the current folder, not this host's $TMPDIR
-    shared = (cfg.out or os.getcwd()) if args.hostfile else None
 
     def attempt(cfg, extra_env):
-        with temporary_worker_config(cfg.to_dict(), shared) as path:
-            env = child_env()
-            env.update(extra_env)
-            if sys.stdout.isatty():
-                # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
-                env[STDOUT_TTY_VAR] = '1'
-            progress = extra_env.get(PROGRESS_VAR)     # set by the restart supervisor
-            return run_explained(worker_command(args.workers, path, args.hostfile), env=env,
-                                 size=args.workers, hostfile=args.hostfile,
-                                 started=(lambda: started(progress)) if progress else None,
-                                 start_timeout_s=cfg.start_timeout_s)
+        env = worker_env(cfg.to_dict(), child_env())
+        env.update(extra_env)
+        if sys.stdout.isatty():
+            # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
+            env[STDOUT_TTY_VAR] = '1'
+        progress = extra_env.get(PROGRESS_VAR)     # set by the restart supervisor
+        return run_explained(worker_command(args.workers, args.hostfile), env=env,
+                             size=args.workers, hostfile=args.hostfile,
+                             started=(lambda: started(progress)) if progress else None,
+                             start_timeout_s=cfg.start_timeout_s)
     if not cfg.max_restarts:
-        return attempt(cfg, {})
+        from .attempt import start_marker
+        # a job whose ranks never all join (a rank dead before MPI started: hydra
+        # leaves the others waiting) ends after --start-timeout-s, as under restarts
+        with start_marker(cfg.out, bool(args.hostfile)) as marker:
+            return attempt(cfg, {PROGRESS_VAR: marker} if marker else {})
     from .restarts import recorded_run, supervise
     return supervise(cfg, lambda c, e: recorded_run(lambda: attempt(c, e)))

@@ -45,7 +45,7 @@ class TrainConfig(object):
     checkpoint_every_s: float = 0.0      # also a checkpoint once this many seconds passed (0: off)
     max_restarts: int = 0                # restarts from the last good checkpoint (train/restarts.py)
     restart_backoff_s: float = 1.0       # wait before each restart, seconds
-    start_timeout_s: float = 300.0       # with restarts: an attempt not started by then is stopped
+    start_timeout_s: float = 300.0       # a job (attempt) not started by then is stopped
     resume: bool = False
     overwrite: bool = False              # start a new run in an --out holding another one
     timeline: str = ''

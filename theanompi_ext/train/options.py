@@ -83,9 +83,11 @@ HELP = {
                     'start again from the newest good checkpoint, at most this many times '
                     '(needs --out; docs/faults.md#restarts)',
     'restart_backoff_s': 'wait before each restart, seconds',
-    'start_timeout_s': 'with --max-restarts: an attempt whose ranks have not all joined MPI '
-                       'within this many seconds (a host or link still down, a hung start) is '
-                       'stopped and counts as a failure a restart may cure (0: never)',
+    'start_timeout_s': 'a job (with --max-restarts: an attempt) whose ranks have not all '
+                       'joined MPI within this many seconds (a host or link down, a rank '
+                       'dead before MPI started, a hung start) is stopped, status 4; under '
+                       '--max-restarts a failure a restart may cure. Across hosts it needs '
+                       '--out (0: never)',
     'resume': 'continue from OUT/checkpoint.h5 instead of starting afresh',
     'overwrite': 'start a new run in an --out that holds another run, replacing its '
                  'checkpoint and outputs (without it such a folder is refused)',

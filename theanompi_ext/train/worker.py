@@ -146,10 +146,20 @@ def format_summary(s):
 
 
 def main(argv=None):
-    """``python -m theanompi_ext.train.worker CONFIG.json``."""
+    """``python -m theanompi_ext.train.worker [CONFIG.json]``: the config from the
+    file, else from the environment (``launch/worker_job.CONFIG_VAR``)."""
+    from ..launch.worker_job import CONFIG_VAR
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        cfg = TrainConfig.from_dict(json.load(f))
+    if argv:
+        with open(argv[0]) as f:
+            config = json.load(f)
+    elif os.environ.get(CONFIG_VAR):
+        config = json.loads(os.environ[CONFIG_VAR])
+    else:
+        sys.stderr.write('theanompi-ext worker: no config: name a JSON file or set %s\n'
+                         % CONFIG_VAR)
+        return 2
+    cfg = TrainConfig.from_dict(config)
     return guarded(lambda: run(cfg))
 
 

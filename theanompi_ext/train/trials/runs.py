@@ -72,7 +72,7 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
     with ``echo``). With ``reuse``, a finished run whose ``summary.json`` holds the
     same configuration is read instead of trained again.
     """
-    from ...launch.worker_job import worker_command, write_worker_config
+    from ...launch.worker_job import worker_command, worker_env, write_worker_config
     folder = run_dir(out, setting, i)
     cfg = run_config(setting, i, folder)
     summary_path = os.path.join(folder, 'summary.json')
@@ -90,8 +90,10 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
         first = not extra_env or extra_env.get('THEANOMPI_EXT_ATTEMPT') in (None, '0')
         write_worker_config(cfg.to_dict(), cfg_path)
         start = os.path.getsize(log_path) if not first else 0
-        rc = _run_logged(worker_command(setting.workers, cfg_path, setting.hostfile), log_path,
-                         timeout, echo, extra_env, append=not first,
+        # config.json is the run's record; the ranks read the config from the environment
+        rc = _run_logged(worker_command(setting.workers, setting.hostfile), log_path,
+                         timeout, echo, worker_env(cfg.to_dict(), extra_env or {}),
+                         append=not first,
                          start_timeout_s=cfg.start_timeout_s)
         with open(log_path, errors='replace') as f:
             f.seek(start)
@@ -100,7 +102,10 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
         from ..restarts import supervise
         rc = supervise(cfg, attempt)
     else:
-        rc = attempt(cfg, {})[0]
+        from ..attempt import PROGRESS_VAR, start_marker
+        # its start watched as train's is (a rank dead before MPI started)
+        with start_marker(cfg.out, bool(setting.hostfile)) as marker:
+            rc = attempt(cfg, {PROGRESS_VAR: marker} if marker else {})[0]
     wall = time.perf_counter() - t0
     if rc == 0 and os.path.exists(summary_path):
         with open(summary_path) as f:
@@ -135,7 +140,7 @@ def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False, star
     """Run ``cmd`` with its output in ``log_path`` (after what it holds with
     ``append``), ``extra_env`` added to its environment; its exit status
     (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after ``timeout`` s;
-    under the restart supervisor, status 4 when not started within
+    status 4 when not started within
     ``start_timeout_s``: launch/start_watch.py)."""
     from ...launch.mpiexec import child_env, popen_job, stop_group, wait_job
     from ...launch.start_watch import StartWatch, not_started_message
