@@ -1,6 +1,6 @@
 """Across hosts, the launcher's side (no MPI needed): naming the host mpiexec could not start
-on (launch/reach.py), hydra's report of a rank on another host, the interface and
-transport lines of info."""
+on (launch/reach.py), hydra's report of a rank on another host (the interface and
+transport lines of info: test_network_default.py)."""
 import stat
 
 from theanompi_ext.launch.reach import (LaunchWatch, explain_launch, hostfile_hosts, probe,
@@ -44,18 +44,6 @@ def test_watch_and_message(tmp_path):
            b'"10.0.0.1" (No route to host)\n')
     assert explain_launch(w, str(hosts), agent).startswith(
         'host n7 could not reach the launcher\'s host at 10.0.0.1 (No route to host): ')
-
-
-def test_network_rows_say_what_and_why():
-    from theanompi_ext.launch.network_choice import network_rows
-    rows = dict(network_rows(False, {'THEANOMPI_EXT_IFACE': 'ib0', 'HYDRA_IFACE': 'eth0'}))
-    assert rows['interface'].startswith('ib0 (from THEANOMPI_EXT_IFACE: train --iface')
-    assert rows['transport'].startswith("MPICH's default netmod")
-    rows = dict(network_rows(True, {'OMPI_MCA_btl_tcp_if_include': 'eth1',
-                                    'OMPI_MCA_pml': 'ob1'}))
-    assert rows['interface'].startswith("eth1 (from OMPI_MCA_btl_tcp_if_include")
-    assert rows['transport'] == 'from the environment: OMPI_MCA_pml=ob1'
-    assert "the MPI library's choice" in dict(network_rows(False, {}))['interface']
 
 
 HYDRA_FAR = b"""===================================================================================

@@ -25,7 +25,7 @@ from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXI
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
-from .reach import LaunchWatch, explain_launch
+from .reach import LaunchWatch, explain_launch, not_started
 from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
@@ -309,8 +309,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile)
             if unreached:
-                message, status = ('theanompi-ext: %s; no rank was started (exit status %d)'
-                                   % (unreached, EXIT_BAD_INPUT)), EXIT_BAD_INPUT
+                message, status = 'theanompi-ext: ' + not_started(unreached), EXIT_BAD_INPUT
         if message:
             sys.stderr.write(message + '\n')
             sys.stderr.flush()
