@@ -22,6 +22,7 @@ import threading
 import time
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
+from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
@@ -32,6 +33,8 @@ from .start_watch import StartWatch, not_started_message
 STOP_GRACE_S = 3.0
 #: hydra's exit status when one of its proxies (on another host) ended badly.
 HYDRA_LAUNCHER_ERROR = 255
+#: Seconds the copy of mpiexec's standard error gets to finish after a stop.
+STOP_JOIN_S = 2.0
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -249,18 +252,32 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _pass_through(stream, dest, *reports):
+def _pass_through(stream, dest, gate, *reports):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
-    line, showing each line to each of ``reports``; returns at the end of the stream."""
+    line, showing each line to each of ``reports``, except what ``gate`` (an
+    :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
+    that died; returns at the end of the stream."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
+        for report in reports:
+            report.feed(line)
+        if any(getattr(r, 'pid', None) is not None for r in reports):
+            gate.begin()
+        if not gate.let(line):
+            continue
         if raw is not None:
             raw.write(line)
         else:
             dest.write(line.decode('utf-8', 'replace'))
         dest.flush()
-        for report in reports:
-            report.feed(line)
+
+
+def _last_words(gate, message):
+    """Write what ``gate`` held back, in one line, then ``message``: the launcher's last."""
+    for line in (gate.summary(), message):
+        if line:
+            sys.stderr.write(line + '\n')
+    sys.stderr.flush()
 
 
 def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_timeout_s=0):
@@ -283,18 +300,19 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
+    gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
-    proc = start_watch = None
+    proc = start_watch = err_thread = None
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         start_watch = StartWatch(proc, started, start_timeout_s, lambda: stop_job(
             proc, folder, openmpi=is_openmpi(cmd[0]))).start()
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
-                                  args=(proc.stderr, sys.stderr, err_report, launch))
+                                  args=(proc.stderr, sys.stderr, gate, err_report, launch))
         err_thread.start()
         watch.start()
-        _pass_through(proc.stdout, sys.stdout, out_report, launch)
+        _pass_through(proc.stdout, sys.stdout, gate, out_report, launch)
         status = proc.wait()
         err_thread.join()
         watch.stop()
@@ -310,12 +328,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             unreached = explain_launch(launch, hostfile)
             if unreached:
                 message, status = 'theanompi-ext: ' + not_started(unreached), EXIT_BAD_INPUT
-        if message:
-            sys.stderr.write(message + '\n')
-            sys.stderr.flush()
+        _last_words(gate, message)
         return status
     except (KeyboardInterrupt, Stopped) as exc:
         signum = getattr(exc, 'signum', signal.SIGINT)
+        gate.begin(banner=True)       # what hydra says from now is about our own stop
         # a second signal while stopping must not cut the stop short
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
@@ -325,10 +342,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             _drain(proc.stdout)
             stop_job(proc, folder, openmpi=is_openmpi(cmd[0]))
         watch.stop()
-        sys.stderr.write('theanompi-ext: stopped by %s: every rank of the job ended '
-                         '(exit status %d)\n' % (signal.Signals(signum).name,
-                                                 EXIT_SIGNAL_BASE + signum))
-        sys.stderr.flush()
+        if err_thread is not None:
+            err_thread.join(STOP_JOIN_S)   # its last lines before ours, not after
+        _last_words(gate, 'theanompi-ext: stopped by %s: every rank of the job ended '
+                          '(exit status %d)' % (signal.Signals(signum).name,
+                                                EXIT_SIGNAL_BASE + signum))
         return EXIT_SIGNAL_BASE + signum
     finally:
         if old_handlers:
