@@ -68,3 +68,42 @@ def test_hydras_report_of_a_rank_on_another_host():
     # a status of the rank's own (not hydra's 255) is kept, and nothing is guessed
     msg, status = explain(3, rep, notes, 2)
     assert status == 3 and 'died: exit code 9;' in msg
+
+
+OPENMPI_PEER_LOST = b"""--------------------------------------------------------------------------
+An MPI communication peer process has unexpectedly disconnected.  This
+usually indicates a failure in the peer process (e.g., a crash or
+otherwise exiting without calling MPI_FINALIZE first).
+
+  Local host: tmxh0
+  Local PID:  13105
+  Peer host:  tmxh1
+--------------------------------------------------------------------------
+[tmxh0:00000] *** An error occurred in Socket closed
+[tmxh0:00000] *** reported by process [1298399233,0]
+--------------------------------------------------------------------------
+prterun has exited due to process rank 0 with PID 13393 on node tmxh0 calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+"""
+
+
+def test_open_mpis_report_of_a_lost_peer_on_another_host():
+    # captured (Open MPI 5.0.11, 2 emulated hosts x 1 rank): rank 1 on tmxh1 SIGKILLed,
+    # rank 0 lost its connection and aborted, prterun exited 14 naming only rank 0
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.train.restarts import classify, culprit
+    rep = LauncherReport()
+    for line in OPENMPI_PEER_LOST.splitlines(True):
+        rep.feed(line)
+    assert rep.peer_lost == ('tmxh1', 'tmxh0') and rep.pid is None
+    msg, status = explain(14, rep, {0: (13393, 'tmxh0', 'running'),
+                                    1: (13400, 'tmxh1', 'running')}, 2)
+    assert status == 3 and msg.startswith(
+        'theanompi-ext: rank 1 of 2 (pid 13400 on tmxh1) died: a rank on tmxh0 saw its '
+        'connection closed')
+    assert classify(status, msg).restartable and culprit(msg) == (1, 'tmxh1')
+    # two ranks on the far host: both named as candidates, neither blamed
+    msg, _ = explain(14, rep, {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh0', 'running'),
+                               2: (3, 'tmxh1', 'running'), 3: (4, 'tmxh1', 'running')}, 4)
+    assert msg.startswith('theanompi-ext: a rank on tmxh1 (one of ranks 2, 3) died: ')

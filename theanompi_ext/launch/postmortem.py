@@ -97,6 +97,21 @@ def _unfinished(who, of, why):
             'incomplete (exit status %d)' % (who, of, why, EXIT_FAILED)), EXIT_FAILED
 
 
+def _peer_lost(lost, notes, of):
+    """The message and status of a rank on host ``lost[0]`` whose connection closed
+    under a rank on ``lost[1]`` (Open MPI: the latter aborted, and is all it names)."""
+    host, seen_from = lost
+    gone = sorted(r for r, (_, h, state) in notes.items() if h == host and state == 'running')
+    if len(gone) == 1:
+        who = 'rank %d%s (pid %d on %s)' % (gone[0], of, notes[gone[0]][0], host)
+    else:
+        who = 'a rank on %s%s' % (host, ' (one of ranks %s)' % ', '.join(map(str, gone))
+                                  if gone else '')
+    return ('theanompi-ext: %s died: a rank on %s saw its connection closed (Open MPI: "peer '
+            'process has unexpectedly disconnected"); mpiexec stopped the other ranks (exit '
+            'status %d)' % (who, seen_from, EXIT_FAILED)), EXIT_FAILED
+
+
 def explain(status, report, notes, size=None, first_exit=None):
     """(message or None, exit status) for a finished job.
 
@@ -114,6 +129,8 @@ def explain(status, report, notes, size=None, first_exit=None):
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
                         for r in vanished)
         return _unfinished(who, of, 'although mpiexec reported success')
+    if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT:
+        return _peer_lost(report.peer_lost, notes, of)
     if report.pid is None:
         return None, status      # a rank's own message (failed / timeout) says it all
     pid, host = report.pid, report.host
