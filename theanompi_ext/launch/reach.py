@@ -45,7 +45,7 @@ def hostfile_hosts(path):
 def probe(host, agent=None, timeout=PROBE_TIMEOUT_S):
     """None when ``AGENT HOST true`` succeeds, else why not (the agent's last words)."""
     agent = agent or os.environ.get(AGENT_VAR) or 'ssh'
-    cmd = [agent] + (['-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % timeout]
+    cmd = [agent] + (['-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % max(1, timeout)]
                      if os.path.basename(agent) == 'ssh' else []) + [host, 'true']
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
