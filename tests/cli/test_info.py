@@ -52,9 +52,12 @@ def test_info_reports_what_it_tried(opencl):
     devices = rows['devices'].split(', ')
     assert devices[0] == 'cpu' and opencl in devices, out
     assert rows['exchange host'] == 'yes - host buffers over MPI (--device cpu)'
-    # the network: which interface and transport, and why (launch/network_choice.py)
-    assert labels[-2:] == ['interface', 'transport'], out
-    assert "the MPI library's choice" in rows['interface'] or '(from ' in rows['interface']
+    # the network: which interface and transport, the topology auto picks, and why
+    # (launch/network_choice.py; the rule's cases: tests/launch/test_network_default.py)
+    assert labels[-3:] == ['interface', 'transport', 'topology'], out
+    assert rows['interface'].startswith('none needed: every rank on this host (no hostfile)') \
+        or rows['interface'].startswith('%s: set by ' % os.environ.get('THEANOMPI_EXT_IFACE')), out
+    assert rows['topology'] == 'auto picks flat: every rank on one host', out
     assert rows['exchange host-staged'].startswith('yes - ') and opencl in \
         rows['exchange host-staged'], out
     if not any(d.startswith('cuda') for d in devices):

@@ -22,6 +22,7 @@ from support.procs import alive
 from theanompi_ext.launch.emulated_hosts import (PREFIX, EmulatedHosts, cleanup_stale,
                                                  hosts_problem)
 from theanompi_ext.launch.emulated_network import NetworkSetupError, namespaces
+from theanompi_ext.launch.mpiexec import find_mpiexec
 
 pytestmark = pytest.mark.root
 
@@ -104,8 +105,20 @@ def test_the_command_line(tmp_path):
         ns for ns in ours() if ns.startswith('%s%d-' % (PREFIX, tool.pid))]
 
 
+CHOICE = ('import sys\n'
+          'from theanompi_ext.launch.network_choice import network_rows\n'
+          'from theanompi_ext.launch.mpiexec import network_args\n'
+          'rows = dict(network_rows(sys.argv[1], sys.argv[2]))\n'
+          'print(rows["interface"]); print(rows["topology"])\n'
+          'print(network_args(sys.argv[1], ["10.77.0.1", "10.77.0.2"]))\n')
+
+
 def test_cut_and_restore_a_link(tmp_path):
-    """A cut link drops the packets between hosts; restored, they flow again."""
+    """A cut link drops the packets between hosts; restored, they flow again. And the
+    default interface rule (launch/network_default.py) on a real route: from host 0 and
+    from the hub, a hostfile of the hosts' addresses picks the device they are reached by."""
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('10.77.0.1:2\n10.77.0.2:2\n')
     connect = ('import socket, sys\n'
                'try:\n'
                '    socket.create_connection((sys.argv[1], 9), timeout=1.0)\n'
@@ -117,6 +130,22 @@ def test_cut_and_restore_a_link(tmp_path):
                                    '-c', connect, eh.address(1)], capture_output=True,
                                   text=True, timeout=30).stdout.strip()
         assert probe() == 'reached'              # a refused port: the host answered
+
+        def choice(ns):
+            env = dict(os.environ, PYTHONPATH=ROOT, THEANOMPI_EXT_IFACE='', HYDRA_IFACE='')
+            res = subprocess.run(['ip', 'netns', 'exec', ns, sys.executable, '-c', CHOICE,
+                                  eh.real_mpiexec or find_mpiexec(), str(hostfile)],
+                                 capture_output=True, text=True, timeout=60, env=env)
+            assert res.returncode == 0, res.stderr
+            return res.stdout.splitlines()
+        # host 0 is 10.77.0.1 itself (a local address: this host), reaches 10.77.0.2 by eth0
+        iface, topology, args = choice(eh.namespace(0))
+        assert iface.startswith('eth0: this host reaches 10.77.0.2 (10.77.0.2), the first '
+                                'other host of the hostfile, by eth0'), iface
+        assert topology.startswith('auto picks two-level: 2 hosts'), topology
+        assert args == "['-iface', 'eth0']", args
+        # the hub (a login node) reaches both over its bridge
+        assert choice(eh.hub)[0].startswith('br0: this host reaches 10.77.0.1')
         eh.cut('tmxh1')
         assert probe().startswith('unreached')
         eh.restore('tmxh1')

@@ -45,7 +45,7 @@ def test_iface_in_each_mpis_words(tmp_path, monkeypatch):
     assert launch.mpiexec_command(2, ['prog'], mpiexec=ompi)[3:7] == [
         '--mca', 'btl_tcp_if_include', 'ib0', '--mca']
     monkeypatch.delenv(launch.IFACE_VAR)
-    assert launch.iface_args(hydra) == []
+    assert launch.network_args(hydra) == []
 
 
 RANK = r'''

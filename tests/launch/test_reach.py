@@ -1,6 +1,6 @@
 """Across hosts, the launcher's side (no MPI needed): naming the host mpiexec could not start
-on (launch/reach.py), hydra's report of a rank on another host, the interface and
-transport lines of info."""
+on (launch/reach.py), hydra's report of a rank on another host (the interface and
+transport lines of info: test_network_default.py)."""
 import stat
 
 from theanompi_ext.launch.reach import (LaunchWatch, explain_launch, hostfile_hosts, probe,
@@ -46,18 +46,6 @@ def test_watch_and_message(tmp_path):
         'host n7 could not reach the launcher\'s host at 10.0.0.1 (No route to host): ')
 
 
-def test_network_rows_say_what_and_why():
-    from theanompi_ext.launch.network_choice import network_rows
-    rows = dict(network_rows(False, {'THEANOMPI_EXT_IFACE': 'ib0', 'HYDRA_IFACE': 'eth0'}))
-    assert rows['interface'].startswith('ib0 (from THEANOMPI_EXT_IFACE: train --iface')
-    assert rows['transport'].startswith("MPICH's default netmod")
-    rows = dict(network_rows(True, {'OMPI_MCA_btl_tcp_if_include': 'eth1',
-                                    'OMPI_MCA_pml': 'ob1'}))
-    assert rows['interface'].startswith("eth1 (from OMPI_MCA_btl_tcp_if_include")
-    assert rows['transport'] == 'from the environment: OMPI_MCA_pml=ob1'
-    assert "the MPI library's choice" in dict(network_rows(False, {}))['interface']
-
-
 HYDRA_FAR = b"""===================================================================================
 =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
 =   PID 3837 RUNNING AT tmxh1
@@ -80,3 +68,42 @@ def test_hydras_report_of_a_rank_on_another_host():
     # a status of the rank's own (not hydra's 255) is kept, and nothing is guessed
     msg, status = explain(3, rep, notes, 2)
     assert status == 3 and 'died: exit code 9;' in msg
+
+
+OPENMPI_PEER_LOST = b"""--------------------------------------------------------------------------
+An MPI communication peer process has unexpectedly disconnected.  This
+usually indicates a failure in the peer process (e.g., a crash or
+otherwise exiting without calling MPI_FINALIZE first).
+
+  Local host: tmxh0
+  Local PID:  13105
+  Peer host:  tmxh1
+--------------------------------------------------------------------------
+[tmxh0:00000] *** An error occurred in Socket closed
+[tmxh0:00000] *** reported by process [1298399233,0]
+--------------------------------------------------------------------------
+prterun has exited due to process rank 0 with PID 13393 on node tmxh0 calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+"""
+
+
+def test_open_mpis_report_of_a_lost_peer_on_another_host():
+    # captured (Open MPI 5.0.11, 2 emulated hosts x 1 rank): rank 1 on tmxh1 SIGKILLed,
+    # rank 0 lost its connection and aborted, prterun exited 14 naming only rank 0
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.train.restarts import classify, culprit
+    rep = LauncherReport()
+    for line in OPENMPI_PEER_LOST.splitlines(True):
+        rep.feed(line)
+    assert rep.peer_lost == ('tmxh1', 'tmxh0') and rep.pid is None
+    msg, status = explain(14, rep, {0: (13393, 'tmxh0', 'running'),
+                                    1: (13400, 'tmxh1', 'running')}, 2)
+    assert status == 3 and msg.startswith(
+        'theanompi-ext: rank 1 of 2 (pid 13400 on tmxh1) died: a rank on tmxh0 saw its '
+        'connection closed')
+    assert classify(status, msg).restartable and culprit(msg) == (1, 'tmxh1')
+    # two ranks on the far host: both named as candidates, neither blamed
+    msg, _ = explain(14, rep, {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh0', 'running'),
+                               2: (3, 'tmxh1', 'running'), 3: (4, 'tmxh1', 'running')}, 4)
+    assert msg.startswith('theanompi-ext: a rank on tmxh1 (one of ranks 2, 3) died: ')

@@ -7,9 +7,12 @@ each check runs in a child process (:mod:`.checks`, started by
 gives the reason the check met (an exception's type and first line,
 ``timed out after N s``...). This process imports neither
 Theano nor mpi4py. The exit status is 0 whatever the report says: it is a
-report (a CPU-only machine has ``no`` lines), read by people and by ``grep``.
+report (a CPU-only machine has ``no`` lines), read by people and by ``grep``
+(a ``--hostfile`` that does not exist: status 2).
 """
+import os
 import platform
+import sys
 
 #: Seconds each check may take. An engine check loads Theano and compiles a
 #: function (about 5 s of CPU; on a device it compiles one module each time,
@@ -22,8 +25,9 @@ DEFAULT_TIMEOUT = 60.0
 COMPILE_HINT = 'a first run fills the compile cache: run info again, or raise --timeout'
 
 
-def gather(timeout=DEFAULT_TIMEOUT):
-    """A list of (label, value) lines; runs the checks (:mod:`.checks`)."""
+def gather(timeout=DEFAULT_TIMEOUT, hostfile=None):
+    """A list of (label, value) lines; runs the checks (:mod:`.checks`); the network
+    lines are for a job on the hosts of ``hostfile`` (none: this host)."""
     import numpy
     from .. import __version__
     from ..collective.world import outside_the_job
@@ -51,15 +55,20 @@ def gather(timeout=DEFAULT_TIMEOUT):
         # after the listing, which opens nothing: one child per device, as one rank per device
         probed['each'] = [(d, probes.start('engine', d, hint=COMPILE_HINT)) for d in names]
         rows += report_rows(probed, mpiexec, mpiexec_error)
-    from ..launch.mpiexec import is_openmpi
     from ..launch.network_choice import network_rows
-    return rows + network_rows(bool(mpiexec) and is_openmpi(mpiexec))
+    return rows + network_rows(mpiexec, hostfile)
 
 
 def main(args=None):
     """Print the report; exit status 0 (module docstring)."""
+    from ..launch.network_options import use_network
     timeout = getattr(args, 'timeout', None) or DEFAULT_TIMEOUT
-    for label, value in gather(timeout):
+    hostfile = getattr(args, 'hostfile', None)
+    if hostfile and not os.path.isfile(hostfile):
+        sys.stderr.write('theanompi-ext info: error: --hostfile %s: no such file\n' % hostfile)
+        return 2
+    use_network(args)
+    for label, value in gather(timeout, hostfile):
         print('%-16s %s' % (label, value))
     return 0
 
@@ -72,4 +81,10 @@ def register(sub):
     p.add_argument('--timeout', type=positive_seconds, default=DEFAULT_TIMEOUT, metavar='S',
                    help='seconds each check may run before it is stopped and reported as '
                    '"timed out" (default: %(default)g)')
+    g = p.add_argument_group('network', 'what a job on the hosts of --hostfile would use: '
+                             'the interface, the transport, the topology of --topology auto')
+    g.add_argument('--hostfile', default=None, metavar='FILE',
+                   help='MPI host file of the job to describe (default: every rank here)')
+    from ..launch.network_options import add_network_arguments
+    add_network_arguments(g)
     p.set_defaults(func=main)

@@ -84,6 +84,24 @@ def _merged(pairs):
     return hosts
 
 
+def read_hostfile(path):
+    """``[(host, slots)]`` of an MPICH (``host:n``) or Open MPI (``host slots=n``)
+    hostfile, each host once in order of first mention with its slots summed (1
+    where none is given); comments and blank lines skipped."""
+    slots = {}
+    with open(path) as fh:
+        for line in fh:
+            words = line.split('#', 1)[0].split()
+            if not words:
+                continue
+            name, _, n = words[0].partition(':')
+            for word in words[1:]:
+                if word.startswith('slots='):
+                    n = n or word[len('slots='):]
+            slots[name] = slots.get(name, 0) + (int(n) if n.isdigit() else 1)
+    return list(slots.items())
+
+
 def format_hostfile(hosts, flavour='mpich'):
     """The hostfile text of ``[(host, slots)]``: ``host:n`` (MPICH's hydra) or
     ``host slots=n`` (Open MPI)."""

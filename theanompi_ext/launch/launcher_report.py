@@ -22,6 +22,17 @@ some library, which hydra mostly reports as success)::
     prterun has exited due to process rank 1 with PID 13736 on node vm exiting
     improperly. There are three reasons this could occur: ...
 
+A rank killed on another host may instead be seen first by a rank that lost
+its connection to it, which then aborts (measured, Open MPI 5.0.11 across
+emulated hosts; prterun then names only the aborting rank)::
+
+    An MPI communication peer process has unexpectedly disconnected. ...
+      Local host: tmxh0
+      Local PID:  13105
+      Peer host:  tmxh1
+
+:attr:`LauncherReport.peer_lost` keeps ``(peer host, local host)``.
+
 Open MPI's own exit status for a rank killed by signal N is 128 + N where
 hydra's is N; :attr:`LauncherReport.signal` lets the launcher give the same
 status under both (``theanompi_ext/errors.py``).
@@ -36,6 +47,9 @@ _HYDRA_SIGNAL = re.compile(r'\(signal (\d+)\)')
 _OMPI_PROCESS = rb'process rank (\d+) with PID (\d+) on node (\S+) '
 _OMPI_SIGNAL = re.compile(_OMPI_PROCESS + rb'exited on signal (\d+) \(([^)]*)\)')
 _OMPI_IMPROPER = re.compile(_OMPI_PROCESS + rb'exiting improperly')
+_OMPI_DISCONNECTED = re.compile(rb'peer process has unexpectedly disconnected')
+_OMPI_LOCAL_HOST = re.compile(rb'^\s*Local host:\s+(\S+)')
+_OMPI_PEER_HOST = re.compile(rb'^\s*Peer host:\s+(\S+)')
 #: Lines of Open MPI's text joined before matching: its sentences wrap.
 _OMPI_WINDOW = 3
 
@@ -52,18 +66,22 @@ class LauncherReport(object):
     ``code``, ``exit_string``: how it ended, in hydra's words (``Killed
     (signal 9)``, Open MPI's turned into them); ``signal``: the signal that
     killed it, if one did; ``unfinished``: it ended without finalizing MPI
-    (Open MPI's "exiting improperly").
+    (Open MPI's "exiting improperly"); ``peer_lost``: ``(host, seen from host)`` of
+    a rank whose connection closed under another (Open MPI), or None.
     """
 
     def __init__(self):
         self.pid = self.host = self.rank = self.code = self.exit_string = None
         self.signal = None
         self.unfinished = False
+        self.peer_lost = None
+        self._disconnected, self._local_host = False, None
         self._window = []
 
     def feed(self, line):
         """Look at one line (bytes) of the job's output, standard output or error."""
         self._feed_hydra(line)
+        self._feed_disconnect(line)
         self._window = (self._window + [line.strip()])[-_OMPI_WINDOW:]
         if self.pid is None:
             self._feed_openmpi(b' '.join(self._window))
@@ -80,6 +98,18 @@ class LauncherReport(object):
             self.exit_string = _text(m.group(1))
             sig = _HYDRA_SIGNAL.search(self.exit_string)
             self.signal = int(sig.group(1)) if sig else None
+
+    def _feed_disconnect(self, line):
+        if _OMPI_DISCONNECTED.search(line):
+            self._disconnected = True
+        if not self._disconnected or self.peer_lost is not None:
+            return
+        m = _OMPI_LOCAL_HOST.search(line)
+        if m:
+            self._local_host = _text(m.group(1))
+        m = _OMPI_PEER_HOST.search(line)
+        if m:
+            self.peer_lost = (_text(m.group(1)), self._local_host or 'another host')
 
     def _feed_openmpi(self, text):
         m = _OMPI_SIGNAL.search(text) or _OMPI_IMPROPER.search(text)

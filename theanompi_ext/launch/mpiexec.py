@@ -13,15 +13,11 @@ import sys
 
 from ..collective.world import in_mpi_job  # noqa: F401  (re-exported for the launchers)
 from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, BadInput
+# IFACE_VAR, TRANSPORT_VAR: re-exported (train --iface, --transport set them)
+from .network_default import IFACE_VAR, TRANSPORT_VAR  # noqa: F401
 
 #: The environment variable that names the mpiexec to use.
 MPIEXEC_VAR = 'THEANOMPI_EXT_MPIEXEC'
-
-#: The network interface the ranks' MPI traffic should use (``train --iface``):
-#: hydra's ``-iface``, Open MPI's ``btl_tcp_if_include`` and ``oob_tcp_if_include``.
-#: Unset: the MPI library chooses (hydra: the address the host's name resolves
-#: to; Open MPI: every interface that is up, loopback aside).
-IFACE_VAR = 'THEANOMPI_EXT_IFACE'
 
 #: What every mpiexec the project starts gets in its environment unless the
 #: user set it. Open MPI's mpiexec refuses to run as root without these (a
@@ -70,24 +66,40 @@ def is_openmpi(mpiexec):
     return 'Open MPI' in out or 'OpenRTE' in out
 
 
-def iface_args(mpiexec, iface=None):
-    """mpiexec arguments that keep MPI's traffic on interface ``iface`` (default
-    ``$THEANOMPI_EXT_IFACE``); ``[]`` when none is asked for."""
-    iface = iface or os.environ.get(IFACE_VAR)
-    if not iface:
-        return []
-    if is_openmpi(mpiexec):
-        return ['--mca', 'btl_tcp_if_include', iface, '--mca', 'oob_tcp_if_include', iface]
-    return ['-iface', iface]
+def network_choices(mpiexec, hosts=(), environ=None):
+    """The interface and transport :class:`~.network_default.Choice` s of a job on
+    ``hosts`` (names, in hostfile order; none: this host) started by ``mpiexec``."""
+    from .host_routes import routes
+    from .network_default import choose_interface, choose_transport
+    env = os.environ if environ is None else environ
+    openmpi = is_openmpi(mpiexec)
+    iface = choose_interface(env, routes(hosts) if hosts else [])
+    return iface, choose_transport(env, openmpi)
 
 
-def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=()):
-    """The command line that starts ``nprocs`` copies of ``argv`` (on the interface
-    of :data:`IFACE_VAR` when it is set)."""
+def network_args(mpiexec, hosts=(), environ=None):
+    """mpiexec arguments for the interface and transport of a job on ``hosts``
+    (``launch/network_default.py``: the user's, else the route to the first
+    other host; ``[]`` on one host with nothing asked for)."""
+    from .network_default import network_args as args_of
+    return args_of(*network_choices(mpiexec, hosts, environ), openmpi=is_openmpi(mpiexec))
+
+
+def hostfile_names(hostfile):
+    """The host names of ``hostfile`` (none when it is not given or not there)."""
+    from .reach import hostfile_hosts
+    return hostfile_hosts(hostfile) if hostfile and os.path.exists(hostfile) else []
+
+
+def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=(), hosts=None):
+    """The command line that starts ``nprocs`` copies of ``argv``, on the interface
+    and transport of :func:`network_args` for the hosts of ``hostfile`` (or the
+    names ``hosts``, placed by ``extra``)."""
     if int(nprocs) < 1:
         raise ValueError('workers must be >= 1, got %r' % (nprocs,))
     mpiexec = mpiexec or find_mpiexec()
-    cmd = [mpiexec, '-n', str(int(nprocs))] + iface_args(mpiexec)
+    names = list(hosts) if hosts else hostfile_names(hostfile)
+    cmd = [mpiexec, '-n', str(int(nprocs))] + network_args(mpiexec, names)
     if is_openmpi(mpiexec):
         # By slot: ranks fill each host in order, as hydra places them, and
         # OMPI_COMM_WORLD_LOCAL_RANK follows the rank order (Open MPI's default

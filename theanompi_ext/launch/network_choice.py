@@ -1,27 +1,17 @@
-"""Which network interface and transport the ranks' MPI will use, and why
-(``theanompi-ext info``'s ``interface`` and ``transport`` lines).
+"""What ``theanompi-ext info`` says of the network: the interface and transport the
+ranks' MPI will use, and the topology ``--topology auto`` picks, each with why.
 
-Nothing is probed: the answer is read from the environment a launch passes
-on (``train --iface`` sets :data:`~.mpiexec.IFACE_VAR`) and from what each
-MPI does by default, so it holds for the hosts of a hostfile that share
-this environment (hydra gives its environment to every host; Open MPI the
-forwarded variables, ``launch/mpiexec.forwarded_env_args``).
+The interface and transport come from the rule a launch follows
+(:mod:`.network_default`, through ``launch/mpiexec.network_choices``), for
+the hosts of ``info --hostfile`` (none: every rank on this host) and the
+``--iface``/``--transport`` given to ``info`` or set in the environment.
+The topology is ``collective/two_level.two_level_pays`` of the hostfile's
+slots, filled in order as both MPIs place ranks.
 """
 import os
 import socket
 
-from .mpiexec import IFACE_VAR
-
-#: The variables that choose the interface, in the order they win, and who reads them.
-IFACE_SOURCES = ((IFACE_VAR, 'train --iface or the environment: hydra -iface, Open MPI '
-                             'btl/oob_tcp_if_include'),
-                 ('HYDRA_IFACE', "hydra's own variable"),
-                 ('OMPI_MCA_btl_tcp_if_include', "Open MPI's own variable"))
-#: The variables that choose the transport, per MPI.
-TRANSPORT_VARS = {'mpich': ('MPIR_CVAR_CH4_NETMOD', 'FI_PROVIDER', 'FI_TCP_IFACE', 'UCX_TLS',
-                            'UCX_NET_DEVICES'),
-                  'openmpi': ('OMPI_MCA_pml', 'OMPI_MCA_btl', 'OMPI_MCA_mtl', 'UCX_TLS',
-                              'UCX_NET_DEVICES')}
+from .hostlists import read_hostfile
 
 
 def interfaces(root='/sys/class/net'):
@@ -32,45 +22,52 @@ def interfaces(root='/sys/class/net'):
         return []
 
 
-def _own_address():
+def _loopback_warning():
+    # hydra's default is the address this host's name resolves to: loopback
+    # there means other hosts could not call back
     name = socket.gethostname()
     try:
-        return name, socket.gethostbyname(name)
+        address = socket.gethostbyname(name)
     except OSError:
-        return name, None
-
-
-def interface_row(environ=None):
-    """``('interface', what and why)``."""
-    env = os.environ if environ is None else environ
-    for var, who in IFACE_SOURCES:
-        if env.get(var):
-            return 'interface', '%s (from %s: %s)' % (env[var], var, who)
-    name, address = _own_address()
+        address = None
     if address is None or address.startswith('127.'):
-        hint = ('%s resolves to %s: hosts could not call this one back; give train --iface '
-                'the interface the hosts share' % (name, address or 'nothing'))
-    else:
-        hint = "%s resolves to %s" % (name, address)
-    return 'interface', ("the MPI library's choice (hydra: the address the host's name "
-                         "resolves to; Open MPI: every interface that is up); %s; "
-                         "interfaces here: %s" % (hint, ', '.join(interfaces()) or 'none'))
+        return ('; %s resolves to %s: if the rule cannot choose, give --iface the interface '
+                'the hosts share' % (name, address or 'nothing'))
+    return ''
 
 
-def transport_row(openmpi, environ=None):
-    """``('transport', what and why)`` for MPICH (``openmpi`` False) or Open MPI."""
-    env = os.environ if environ is None else environ
-    names = TRANSPORT_VARS['openmpi' if openmpi else 'mpich']
-    chosen = ['%s=%s' % (n, env[n]) for n in names if env.get(n)]
-    if chosen:
-        return 'transport', 'from the environment: %s' % ', '.join(chosen)
-    default = ("Open MPI's default: ucx where it finds a fast network, else TCP and "
-               "shared memory (ob1)" if openmpi else
-               "MPICH's default netmod (the mpich wheel's: UCX, shared memory within a "
-               "host); MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp forces TCP between hosts")
-    return 'transport', default
+def interface_row(choice, far):
+    """``('interface', what and why)`` for the interface :class:`~.network_default.Choice`;
+    ``far``: whether the job has other hosts."""
+    text = '%s: %s' % (choice.value, choice.why) if choice.value else choice.why
+    if far and not choice.value:
+        text += _loopback_warning()
+    return 'interface', '%s; interfaces here: %s' % (text, ', '.join(interfaces()) or 'none')
 
 
-def network_rows(openmpi, environ=None):
-    """The ``interface`` and ``transport`` lines of ``theanompi-ext info``."""
-    return [interface_row(environ), transport_row(openmpi, environ)]
+def transport_row(choice):
+    """``('transport', what and why)`` for the transport :class:`~.network_default.Choice`."""
+    return 'transport', '%s: %s' % (choice.value, choice.why) if choice.value else choice.why
+
+
+def topology_row(slots):
+    """``('topology', what auto picks and why)`` for ``[(host, slots)]`` (empty: this host)."""
+    from ..collective.two_level import two_level_pays
+    per_host = [n for _, n in slots] or [None]
+    if not slots or len(slots) == 1:
+        return 'topology', 'auto picks flat: every rank on one host'
+    hosts = ', '.join('%s:%d' % s for s in slots)
+    if two_level_pays(per_host):
+        return 'topology', ('auto picks two-level: %d hosts (%s), and a host with more than '
+                            'one rank' % (len(slots), hosts))
+    return 'topology', ('auto picks flat: %d hosts (%s), each with one rank: no sum within '
+                        'a host to do first' % (len(slots), hosts))
+
+
+def network_rows(mpiexec, hostfile=None, environ=None):
+    """The ``interface``, ``transport`` and ``topology`` lines of ``theanompi-ext info``
+    for a job on the hosts of ``hostfile`` started by ``mpiexec``."""
+    from .mpiexec import network_choices
+    slots = read_hostfile(hostfile) if hostfile else []
+    iface, transport = network_choices(mpiexec, [h for h, _ in slots], environ)
+    return [interface_row(iface, iface.source != 'this host'), transport_row(transport), topology_row(slots)]

@@ -22,16 +22,19 @@ import threading
 import time
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
+from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
-from .reach import LaunchWatch, explain_launch
+from .reach import LaunchWatch, explain_launch, not_started
 from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
 #: hydra's exit status when one of its proxies (on another host) ended badly.
 HYDRA_LAUNCHER_ERROR = 255
+#: Seconds the copy of mpiexec's standard error gets to finish after a stop.
+STOP_JOIN_S = 2.0
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -94,6 +97,21 @@ def _unfinished(who, of, why):
             'incomplete (exit status %d)' % (who, of, why, EXIT_FAILED)), EXIT_FAILED
 
 
+def _peer_lost(lost, notes, of):
+    """The message and status of a rank on host ``lost[0]`` whose connection closed
+    under a rank on ``lost[1]`` (Open MPI: the latter aborted, and is all it names)."""
+    host, seen_from = lost
+    gone = sorted(r for r, (_, h, state) in notes.items() if h == host and state == 'running')
+    if len(gone) == 1:
+        who = 'rank %d%s (pid %d on %s)' % (gone[0], of, notes[gone[0]][0], host)
+    else:
+        who = 'a rank on %s%s' % (host, ' (one of ranks %s)' % ', '.join(map(str, gone))
+                                  if gone else '')
+    return ('theanompi-ext: %s died: a rank on %s saw its connection closed (Open MPI: "peer '
+            'process has unexpectedly disconnected"); mpiexec stopped the other ranks (exit '
+            'status %d)' % (who, seen_from, EXIT_FAILED)), EXIT_FAILED
+
+
 def explain(status, report, notes, size=None, first_exit=None):
     """(message or None, exit status) for a finished job.
 
@@ -111,6 +129,8 @@ def explain(status, report, notes, size=None, first_exit=None):
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
                         for r in vanished)
         return _unfinished(who, of, 'although mpiexec reported success')
+    if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT:
+        return _peer_lost(report.peer_lost, notes, of)
     if report.pid is None:
         return None, status      # a rank's own message (failed / timeout) says it all
     pid, host = report.pid, report.host
@@ -249,18 +269,32 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _pass_through(stream, dest, *reports):
+def _pass_through(stream, dest, gate, *reports):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
-    line, showing each line to each of ``reports``; returns at the end of the stream."""
+    line, showing each line to each of ``reports``, except what ``gate`` (an
+    :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
+    that died; returns at the end of the stream."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
+        for report in reports:
+            report.feed(line)
+        if any(getattr(r, 'pid', None) is not None for r in reports):
+            gate.begin()
+        if not gate.let(line):
+            continue
         if raw is not None:
             raw.write(line)
         else:
             dest.write(line.decode('utf-8', 'replace'))
         dest.flush()
-        for report in reports:
-            report.feed(line)
+
+
+def _last_words(gate, message):
+    """Write what ``gate`` held back, in one line, then ``message``: the launcher's last."""
+    for line in (gate.summary(), message):
+        if line:
+            sys.stderr.write(line + '\n')
+    sys.stderr.flush()
 
 
 def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_timeout_s=0):
@@ -283,18 +317,19 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
+    gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
-    proc = start_watch = None
+    proc = start_watch = err_thread = None
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         start_watch = StartWatch(proc, started, start_timeout_s, lambda: stop_job(
             proc, folder, openmpi=is_openmpi(cmd[0]))).start()
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
-                                  args=(proc.stderr, sys.stderr, err_report, launch))
+                                  args=(proc.stderr, sys.stderr, gate, err_report, launch))
         err_thread.start()
         watch.start()
-        _pass_through(proc.stdout, sys.stdout, out_report, launch)
+        _pass_through(proc.stdout, sys.stdout, gate, out_report, launch)
         status = proc.wait()
         err_thread.join()
         watch.stop()
@@ -309,14 +344,12 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile)
             if unreached:
-                message, status = ('theanompi-ext: %s; no rank was started (exit status %d)'
-                                   % (unreached, EXIT_BAD_INPUT)), EXIT_BAD_INPUT
-        if message:
-            sys.stderr.write(message + '\n')
-            sys.stderr.flush()
+                message, status = 'theanompi-ext: ' + not_started(unreached), EXIT_BAD_INPUT
+        _last_words(gate, message)
         return status
     except (KeyboardInterrupt, Stopped) as exc:
         signum = getattr(exc, 'signum', signal.SIGINT)
+        gate.begin(banner=True)       # what hydra says from now is about our own stop
         # a second signal while stopping must not cut the stop short
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
@@ -326,10 +359,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             _drain(proc.stdout)
             stop_job(proc, folder, openmpi=is_openmpi(cmd[0]))
         watch.stop()
-        sys.stderr.write('theanompi-ext: stopped by %s: every rank of the job ended '
-                         '(exit status %d)\n' % (signal.Signals(signum).name,
-                                                 EXIT_SIGNAL_BASE + signum))
-        sys.stderr.flush()
+        if err_thread is not None:
+            err_thread.join(STOP_JOIN_S)   # its last lines before ours, not after
+        _last_words(gate, 'theanompi-ext: stopped by %s: every rank of the job ended '
+                          '(exit status %d)' % (signal.Signals(signum).name,
+                                                EXIT_SIGNAL_BASE + signum))
         return EXIT_SIGNAL_BASE + signum
     finally:
         if old_handlers:

@@ -7,16 +7,29 @@ failure the launcher asks each host of the hostfile itself, with the agent
 hydra used (``ssh``, or :data:`AGENT_VAR`'s program: the emulated hosts'
 wrapper), in parallel and bounded; a proxy that started but could not call
 back (``unable to connect from "HOST" to "ADDRESS"``) names its host too.
+
+Before a launch, :func:`check_hosts` asks the same of every other host, so
+that every launch path (``train``, ``check-equivalence``, ``trials``, a
+Theano-MPI session's ``DEVICES``) ends with status 2 naming the host instead
+of starting mpiexec at all: :class:`Unreachable`.
 """
 import os
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import EXIT_BAD_INPUT, BadInput
+
 #: The program hydra starts its proxies with (``-launcher-exec``); default ssh.
 AGENT_VAR = 'THEANOMPI_EXT_LAUNCH_AGENT'
 #: Seconds one host gets to answer ``AGENT HOST true``.
 PROBE_TIMEOUT_S = 10.0
+#: Overrides :data:`PROBE_TIMEOUT_S` (seconds).
+TIMEOUT_VAR = 'THEANOMPI_EXT_REACH_TIMEOUT_S'
+#: Set inside a batch scheduler's allocation: MPI then starts its proxies with the
+#: scheduler's own launcher (srun, blaunch, qrsh, pbs_tmrsh), not ssh, so ssh
+#: proves nothing and is not asked (unless :data:`AGENT_VAR` names the agent).
+SCHEDULER_VARS = ('SLURM_JOB_ID', 'LSB_JOBID', 'PBS_JOBID', 'PE_HOSTFILE', 'FLUX_JOB_ID')
 #: Hydra's lines when a proxy could not be started, or could not call back.
 LAUNCH_FAILED = re.compile(rb'Launch proxy failed|unable to connect from "([^"]+)" to "([^"]+)"'
                            rb'(?: \(([^)]*)\))?')
@@ -25,22 +38,14 @@ LAUNCH_FAILED = re.compile(rb'Launch proxy failed|unable to connect from "([^"]+
 def hostfile_hosts(path):
     """The host names of a hostfile, MPICH's (``host:n``) or Open MPI's
     (``host slots=n``), in order, once each; comments and blank lines skipped."""
-    hosts = []
-    with open(path) as fh:
-        for line in fh:
-            words = line.split('#', 1)[0].split()
-            if not words:
-                continue
-            name = words[0].split(':', 1)[0]
-            if name not in hosts:
-                hosts.append(name)
-    return hosts
+    from .hostlists import read_hostfile
+    return [h for h, _ in read_hostfile(path)]
 
 
 def probe(host, agent=None, timeout=PROBE_TIMEOUT_S):
     """None when ``AGENT HOST true`` succeeds, else why not (the agent's last words)."""
     agent = agent or os.environ.get(AGENT_VAR) or 'ssh'
-    cmd = [agent] + (['-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % timeout]
+    cmd = [agent] + (['-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % max(1, timeout)]
                      if os.path.basename(agent) == 'ssh' else []) + [host, 'true']
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -56,11 +61,49 @@ def probe(host, agent=None, timeout=PROBE_TIMEOUT_S):
         os.path.basename(agent), host, res.returncode, ': ' + words[-1] if words else '')
 
 
-def unreachable(hosts, agent=None):
+def unreachable(hosts, agent=None, timeout=PROBE_TIMEOUT_S):
     """``[(host, why)]`` of the ``hosts`` that the launcher agent cannot reach."""
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
-        whys = list(pool.map(lambda h: probe(h, agent), hosts))
+        whys = list(pool.map(lambda h: probe(h, agent, timeout), hosts))
     return [(h, w) for h, w in zip(hosts, whys) if w]
+
+
+def cannot_start(bad):
+    """The words for ``[(host, why)]`` that could not be reached."""
+    return 'cannot start the job on %s' % '; '.join('host %s (%s)' % b for b in bad)
+
+
+def not_started(what):
+    """The launcher's line for a job that started no rank because of ``what``."""
+    return '%s; no rank was started (exit status %d)' % (what, EXIT_BAD_INPUT)
+
+
+class Unreachable(BadInput):
+    """A host of the job cannot be reached (status 2); the message names it."""
+
+
+def check_hosts(hosts, agent=None, environ=None):
+    """Before a launch: raise :class:`Unreachable` naming each of ``hosts`` (names)
+    that is not this one and that the launcher agent cannot reach; all are asked
+    at once, each within :data:`PROBE_TIMEOUT_S` (or ``$THEANOMPI_EXT_REACH_TIMEOUT_S``)."""
+    from .host_routes import route_to
+    env = os.environ if environ is None else environ
+    agent = agent or env.get(AGENT_VAR)
+    if not agent and any(env.get(v) for v in SCHEDULER_VARS):
+        return
+    others = [h for h in dict.fromkeys(hosts) if not route_to(h).local]
+    if not others:
+        return
+    timeout = float(env.get(TIMEOUT_VAR) or PROBE_TIMEOUT_S)
+    bad = unreachable(others, agent, timeout)
+    if bad:
+        raise Unreachable(not_started(cannot_start(bad)))
+
+
+def check_hostfile(hostfile, agent=None, environ=None):
+    """:func:`check_hosts` of the hosts of ``hostfile`` (nothing without one)."""
+    if hostfile and os.path.exists(hostfile):
+        check_hosts(hostfile_hosts(hostfile), agent, environ)
 
 
 class LaunchWatch(object):
@@ -93,7 +136,7 @@ def explain_launch(watch, hostfile, agent=None):
     hosts = hostfile_hosts(hostfile) if hostfile and os.path.exists(hostfile) else []
     bad = unreachable(hosts, agent) if hosts else []
     if bad:
-        return 'cannot start the job on %s' % '; '.join('host %s (%s)' % b for b in bad)
+        return cannot_start(bad)
     return ('mpiexec could not start its proxies on every host%s, and each answers '
             '`ssh HOST true`: see mpiexec\'s lines above' % (
                 ' (%s)' % ', '.join(hosts) if hosts else ''))

@@ -170,6 +170,7 @@ class BSP(object):
         from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
         from ..engine.devices import parse_devices
         from ..launch.devices import remote_hosts, host_args
+        from ..launch.reach import check_hosts
         restart = restart_settings(options)
         if not devices:
             raise ValueError('no devices given')
@@ -184,8 +185,11 @@ class BSP(object):
                 modelclass, self.sync_type, self.exch_strategy, ','.join(devices)]
         self.devices = devices
         mpiexec = find_mpiexec()
+        if hosts:
+            check_hosts([h for h, _ in hosts])    # Unreachable (status 2) names the host
         self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
-                                       extra=host_args(hosts, mpiexec) if hosts else ())
+                                       extra=host_args(hosts, mpiexec) if hosts else (),
+                                       hosts=[h for h, _ in hosts] if hosts else None)
         if restart['max_restarts']:
             # The supervisor runs in a process of its own (it reaps and ends whatever
             # an attempt leaves behind: nothing of the caller's); wait() waits for it.

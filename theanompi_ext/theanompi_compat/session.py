@@ -214,6 +214,7 @@ def session_from_file(path, flags=None):
 def main(argv=None):
     """Parse, validate, launch and wait; returns the exit status."""
     from .rule import BSP
+    from ..launch.reach import Unreachable
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ('-h', '--help', '-help') for a in argv):
         sys.stdout.write(USAGE + '\n')
@@ -228,6 +229,9 @@ def main(argv=None):
         rule = BSP()
         rule.sync_type, rule.exch_strategy = s['sync_type'], s['exch_strategy']
         rule.init(s['devices'], s['modelfile'], s['modelclass'], **s['options'])
+    except Unreachable as exc:      # not a usage error: the DEVICES' host is down
+        sys.stderr.write('tmxlauncher: error: %s\n' % exc)
+        return EXIT_BAD_INPUT
     except ValueError as exc:
         sys.stderr.write('tmxlauncher: error: %s\n%s\n' % (exc, USAGE))
         return EXIT_BAD_INPUT

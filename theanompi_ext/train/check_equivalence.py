@@ -14,11 +14,12 @@ its buckets as 16 bits while the reference stays float32, so the figure
 is the 16-bit wire's effect and the tolerance is :func:`tolerance`'s.
 """
 import os
+import sys
 import tempfile
 
 import numpy as np
 
-from ..errors import EXIT_CHECK_FAILED, EXIT_OK
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 
 TOLERANCE = 1e-4
 MOMENTUM = 0.9
@@ -81,9 +82,18 @@ def max_relative_difference(a, b):
 def main(args):
     """Run both, compare, print the figure last."""
     from ..launch.mpiexec import child_env, run_mpiexec
+    from ..launch.network_options import use_network
+    from ..launch.reach import Unreachable, check_hostfile
     from ..launch.worker_job import worker_command, worker_env
     hostfile = getattr(args, 'hostfile', None)
-    # rank 0 writes params.npz there and every rank reads the config: across hosts, a
+    use_network(args)
+    try:
+        check_hostfile(hostfile)
+    except Unreachable as exc:
+        print('check-equivalence: the %d-rank run cannot start' % args.workers)
+        sys.stderr.write('theanompi-ext: %s\n' % exc)
+        return EXIT_BAD_INPUT
+    # rank 0 writes params.npz there and the launcher reads it: across hosts, a
     # folder they all see (the current one, docs/multinode.md), not this host's $TMPDIR
     out = tempfile.mkdtemp(prefix='tmx-equiv-', dir=os.getcwd() if hostfile else None)
     cfg = _cfg(args, out)
@@ -119,6 +129,7 @@ def register(sub):
     p = sub.add_parser('check-equivalence',
                        help='k ranks vs one process on the same kn examples')
     from .options import ModelNames
+    from ..launch.network_options import add_network_arguments
     from ..collective.wire import WIRE_DTYPES
     from ..exchange.modes import EXCH_STRATEGIES
     p.add_argument('--workers', type=int, default=2, metavar='K',
@@ -150,6 +161,7 @@ def register(sub):
                    help='MPI host file: the K ranks across machines; the run folder is then '
                         'made in the current folder, which every host must see (default: '
                         'all on this machine, folder in $TMPDIR)')
+    add_network_arguments(p)
     p.add_argument('--timeout', type=float, default=600, metavar='S',
                    help='the distributed run is stopped after this many seconds '
                         '(default %(default)s)')

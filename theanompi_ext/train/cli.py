@@ -11,6 +11,7 @@ import sys
 from ..errors import EXIT_BAD_INPUT, EXIT_OK
 from . import options
 from .progress import STDOUT_TTY_VAR
+from ..launch.network_options import add_network_arguments, use_network  # noqa: F401
 
 
 EXAMPLES = """examples:
@@ -24,9 +25,10 @@ EXAMPLES = """examples:
 
 
 def add_launch_arguments(p, workers=None, config=None, dry_run=None):
-    """``--workers``, ``--hostfile``, ``--config`` and ``--dry-run`` of ``train``;
-    ``trials`` words its own help for the first, third and fourth (they apply to
-    each of its runs)."""
+    """``--workers``, ``--hostfile``, ``--iface``, ``--transport``, ``--config`` and
+    ``--dry-run`` of ``train``;
+    ``trials`` words its own help for ``--workers``, ``--config`` and ``--dry-run``
+    (they apply to each of its runs)."""
     g = p.add_argument_group('launch')
     g.add_argument('--workers', type=int, default=1, metavar='K',
                    help=workers or 'k, the ranks to start when not already inside mpiexec '
@@ -34,10 +36,7 @@ def add_launch_arguments(p, workers=None, config=None, dry_run=None):
     g.add_argument('--hostfile', default=None, metavar='FILE',
                    help='MPI host file, to place the ranks on several machines (default: '
                         'all on this one)')
-    g.add_argument('--iface', default=None, metavar='IFACE',
-                   help="network interface for MPI's traffic between hosts, e.g. ib0 or "
-                        "eth1: hydra's -iface, Open MPI's btl/oob_tcp_if_include (default: "
-                        "$THEANOMPI_EXT_IFACE, else the MPI library's choice)")
+    add_network_arguments(g)
     g.add_argument('--config', default=None, metavar='FILE',
                    help=config or 'key=value file of training options (Theano-MPI session '
                                   'style); options on the command line override it')
@@ -46,13 +45,6 @@ def add_launch_arguments(p, workers=None, config=None, dry_run=None):
                                    'learning rates, exchange, outputs) and warnings, launch '
                                    'nothing')
     return g
-
-
-def use_iface(args):
-    """``--iface``: the jobs this process launches keep MPI's traffic on it."""
-    if getattr(args, 'iface', None):
-        from ..launch.mpiexec import IFACE_VAR
-        os.environ[IFACE_VAR] = args.iface
 
 
 def register(sub):
@@ -130,7 +122,7 @@ def main(args):
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
     os.environ[outdir.PREPARED_VAR] = '1'
-    use_iface(args)
+    use_network(args)
     if lock is not None:
         os.environ[outdir.MARK_VAR] = lock.holder   # each rank checks that its host sees it
     try:
@@ -155,8 +147,13 @@ def _launch(args, cfg):
         # (a job that may restart runs under mpiexec even on one rank)
         from .worker import run, guarded
         return guarded(lambda: run(cfg))
+    from ..launch.reach import Unreachable, check_hostfile
     try:
         find_mpiexec()
+        check_hostfile(args.hostfile)      # once: later attempts may meet a link down
+    except Unreachable as exc:
+        sys.stderr.write('theanompi-ext: %s\n' % exc)
+        return EXIT_BAD_INPUT
     except BadInput as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT

@@ -4,8 +4,9 @@ import signal
 import sys
 
 from ...errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from ...launch.reach import Unreachable, check_hostfile
 from .. import options
-from ..cli import add_launch_arguments, before_launch, use_iface
+from ..cli import add_launch_arguments, before_launch, use_network
 from .runs import launch_run, run_config, run_dir
 from .settings import collect_settings
 from .stats import LAST_EPOCHS
@@ -56,8 +57,14 @@ def main(args):
     except ValueError as exc:
         sys.stderr.write('theanompi-ext trials: error: %s\n' % exc)
         return EXIT_BAD_INPUT
+    use_network(args)
+    try:
+        for hostfile in sorted({s.hostfile for s in settings if s.hostfile}):
+            check_hostfile(hostfile)
+    except Unreachable as exc:
+        sys.stderr.write('theanompi-ext: %s\n' % exc)
+        return EXIT_BAD_INPUT
     os.makedirs(args.out, exist_ok=True)
-    use_iface(args)
     json_path = os.path.join(args.out, 'trials.json')
     print('trials: %d setting(s) x %d runs -> %s' % (len(settings), args.runs, args.out))
     try:

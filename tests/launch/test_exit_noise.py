@@ -1,0 +1,70 @@
+"""hydra's own lines while a job ends are held back and told in one line
+(launch/exit_noise.py, launch/postmortem.py), on output captured from hydra."""
+import io
+import sys
+
+from theanompi_ext.launch import exit_noise
+from theanompi_ext.launch.exit_noise import EndingFilter
+from theanompi_ext.launch.postmortem import LauncherReport, _last_words, _pass_through
+
+# captured: `train`-like launcher on 2 emulated hosts x 1 rank (MPICH 5.0.2), SIGTERMed
+# while the ranks slept: hydra's standard error after the stop began
+HYDRA_STOPPED = b"""[proxy:0@tmxh0] HYD_pmcd_pmip_control_cmd_cb (/mpich-5.0.2/src/pm/hydra/proxy/pmip_cb.c:490): assert (!closed) failed
+[proxy:0@tmxh0] HYDT_dmxu_poll_wait_for_event (/mpich-5.0.2/src/pm/hydra/lib/tools/demux/demux_poll.c:76): callback returned error status
+[proxy:0@tmxh0] main (/mpich-5.0.2/src/pm/hydra/proxy/pmip.c:123): demux engine error waiting for event
+[mpiexec@vm] HYDT_bscu_wait_for_completion (/mpich-5.0.2/src/pm/hydra/lib/tools/bootstrap/utils/bscu_wait.c:109): one of the processes terminated badly; aborting
+[mpiexec@vm] HYDT_bsci_wait_for_completion (/mpich-5.0.2/src/pm/hydra/lib/tools/bootstrap/src/bsci_wait.c:21): launcher returned error waiting for completion
+[mpiexec@vm] HYD_pmci_wait_for_completion (/mpich-5.0.2/src/pm/hydra/mpiexec/pmiserv_pmci.c:196): launcher returned error waiting for completion
+[mpiexec@vm] main (/mpich-5.0.2/src/pm/hydra/mpiexec/mpiexec.c:270): process manager error waiting for completion
+"""
+# captured: mpiexec -n 2 on one host, SIGTERMed: its standard output
+HYDRA_BANNER = b"""
+===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 9205 RUNNING AT vm
+=   EXIT CODE: 15
+=   CLEANING UP REMAINING PROCESSES
+=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES
+===================================================================================
+YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Terminated (signal 15)
+This typically refers to a problem with your application.
+Please see the FAQ page for debugging suggestions
+"""
+
+
+def _run(lines, gate, *reports):
+    dest = io.StringIO()
+    _pass_through(io.BytesIO(lines), dest, gate, *reports)
+    return dest.getvalue()
+
+
+def test_a_stop_signal_leaves_the_launchers_line_last(capsys):
+    gate = EndingFilter()
+    assert _run(b'epoch 1 ...\n', gate) == 'epoch 1 ...\n'     # before the end: all shown
+    gate.begin(banner=True)
+    shown = _run(b'rank 0: stopping\n' + HYDRA_STOPPED + HYDRA_BANNER, gate)
+    assert shown == 'rank 0: stopping\n\n'                   # the ranks' own lines pass
+    _last_words(gate, 'theanompi-ext: stopped by SIGTERM: every rank of the job ended '
+                      '(exit status 143)')
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "theanompi-ext: 17 lines of mpiexec's own while the job ended not shown (the last: "
+        "process manager error waiting for completion; "
+        "THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN=1 shows them)",
+        'theanompi-ext: stopped by SIGTERM: every rank of the job ended (exit status 143)']
+
+
+def test_a_dead_rank_keeps_hydras_report_but_not_its_trail(monkeypatch):
+    gate, report = EndingFilter(), LauncherReport()
+    banner = HYDRA_BANNER.replace(b'15', b'9').replace(b'Terminated', b'Killed')
+    shown = _run(banner + HYDRA_STOPPED, gate, report)
+    assert 'PID 9205 RUNNING AT vm' in shown and 'Killed (signal 9)' in shown
+    assert 'launcher returned error' not in shown and len(gate.held) == 7
+    assert report.pid == 9205 and report.signal == 9           # the report still sees all
+    # nothing ended: nothing held, no summary
+    assert _run(HYDRA_STOPPED, EndingFilter()) == HYDRA_STOPPED.decode()
+    assert EndingFilter().summary() is None
+    monkeypatch.setenv(exit_noise.SHOW_VAR, '1')               # to debug MPI itself
+    gate = EndingFilter()
+    gate.begin(banner=True)
+    assert _run(HYDRA_STOPPED, gate) == HYDRA_STOPPED.decode()

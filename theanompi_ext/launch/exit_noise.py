@@ -1,0 +1,76 @@
+"""mpiexec's own lines while a job ends: held back, and told in one line.
+
+When the launcher stops a job (SIGTERM, Ctrl-C) or a rank has died, hydra
+goes on writing its internal trail as it tears the job down, e.g.::
+
+    [mpiexec@hub] HYDT_bscu_wait_for_completion (lib/tools/bootstrap/utils/bscu_wait.c:109):
+        one of the processes terminated badly; aborting
+    [mpiexec@hub] HYDT_bsci_wait_for_completion (lib/tools/bootstrap/src/bsci_wait.c:21):
+        launcher returned error waiting for completion
+
+and, on the way out after a signal, its ``BAD TERMINATION`` banner with the
+signal the launcher itself sent. None of it says more than the launcher's
+own last line (``launch/postmortem.py``), which it would otherwise follow
+or bury. :class:`EndingFilter` passes every line through until the end
+begins, then holds hydra's bracketed lines (and, after a stop signal, its
+banner, which then only reports the launcher's own signal), so that
+:meth:`EndingFilter.summary` can say how many there were and the last one's
+words. Lines of the ranks themselves always pass.
+"""
+import os
+import re
+import threading
+
+#: hydra's own lines: ``[mpiexec@HOST] ...`` and ``[proxy:N@HOST] ...``.
+HYDRA_LINE = re.compile(rb'^\s*\[(?:mpiexec|proxy:[^\]@]*)@[^\]]*\]\s*(.*)')
+#: hydra's banner of a process that ended badly, and the lines around it.
+BANNER_LINE = re.compile(rb'^(?:=+\s*$|=   |YOUR APPLICATION TERMINATED|This typically refers|'
+                         rb'Please see the FAQ page)')
+#: hydra's ``FUNCTION (FILE:LINE): `` before its words.
+WHERE = re.compile(r'^\S+ \([^()]*:\d+\):\s*')
+#: Set (to anything but empty or 0): nothing is held back (to debug MPI itself).
+SHOW_VAR = 'THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN'
+#: The most of one held line quoted in the summary.
+QUOTE_CHARS = 160
+
+
+class EndingFilter(object):
+    """Decides, line by line, what of mpiexec's output is shown (thread-safe)."""
+
+    def __init__(self):
+        self._ending = threading.Event()
+        self._banner = False
+        self._show = os.environ.get(SHOW_VAR, '') not in ('', '0')
+        self._lock = threading.Lock()
+        self.held = []
+
+    def begin(self, banner=False):
+        """The job is ending: hold hydra's lines from now; with ``banner`` (a stop
+        signal) its banner too (after a rank's death the banner is the report)."""
+        self._banner = self._banner or banner
+        self._ending.set()
+
+    def let(self, line):
+        """True to show ``line`` (bytes); False when it is held back."""
+        if self._show or not self._ending.is_set() or not (HYDRA_LINE.match(line) or (
+                self._banner and BANNER_LINE.match(line))):
+            return True
+        with self._lock:
+            self.held.append(line)
+        return False
+
+    def summary(self):
+        """One line on what was held, or None when nothing was."""
+        with self._lock:
+            held = list(self.held)
+        words = [HYDRA_LINE.match(l).group(1) for l in held if HYDRA_LINE.match(l)]
+        words = [WHERE.sub('', w.decode('utf-8', 'replace').strip()) for w in words]
+        words = [w for w in words if w]
+        if not held:
+            return None
+        last = words[-1] if words else 'its report of the ranks it ended'
+        if len(last) > QUOTE_CHARS:
+            last = last[:QUOTE_CHARS - 3] + '...'
+        return ("theanompi-ext: %d line%s of mpiexec's own while the job ended not shown "
+                "(the last: %s; %s=1 shows them)" % (len(held), '' if len(held) == 1 else 's',
+                                                     last, SHOW_VAR))
