@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 
-from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError,
+from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError, hosts_layout,
                                delete_namespace, namespaces, netns_problem, tbf_link)
 from ..files.stale import pid_alive
 from .hostlists import format_hostfile
@@ -88,6 +88,29 @@ def host_name(i):
 def _owner(ns):
     m = re.match(r'%s(\d+)-' % PREFIX, ns)
     return int(m.group(1)) if m else None
+
+
+def host_address(i):
+    """The address of emulated host ``i`` (the same in every set: each set has its
+    own namespaces)."""
+    return SUBNET + str(i + 1)
+
+
+def run_on_hosts(argv, net, env, timeout=None):
+    """Run ``argv`` on every slot of fresh emulated hosts; returns the exit status.
+
+    ``net``: a parsed ``hosts:HxR:RATE`` setting
+    (:func:`~.emulated_network.hosts_layout`); ``env``: the ranks' environment
+    (the hosts' mpiexec variables added); after ``timeout`` seconds every rank
+    is stopped (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT`). The hosts are
+    removed before it returns, whatever happened.
+    """
+    from .mpiexec import mpiexec_command, popen_job, wait_job
+    hosts, per_host, rate = hosts_layout(net)
+    with EmulatedHosts(hosts, per_host, rate) as eh:
+        cmd = mpiexec_command(hosts * per_host, argv, hostfile=eh.hostfile,
+                              mpiexec=eh.mpiexec)
+        return wait_job(popen_job(cmd, eh.env(env)), timeout)
 
 
 def remove_namespaces(names):
@@ -196,8 +219,7 @@ class EmulatedHosts(object):
 
     def address(self, host):
         """The address of ``host`` (name or index) on the emulated network."""
-        i = host if isinstance(host, int) else self.hosts.index(host)
-        return SUBNET + str(i + 1)
+        return host_address(host if isinstance(host, int) else self.hosts.index(host))
 
     def __enter__(self):
         problem = hosts_problem()
@@ -378,8 +400,8 @@ def main(argv=None):
         return 2
 
 
-__all__ = ['EmulatedHosts', 'HOSTS_ENV', 'cleanup_stale', 'host_name', 'hosts_problem',
-           'owned_namespaces', 'remove_namespaces']
+__all__ = ['EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'cleanup_stale', 'host_address', 'host_name',
+           'hosts_problem', 'owned_namespaces', 'remove_namespaces', 'run_on_hosts']
 
 if __name__ == '__main__':
     sys.exit(main())
