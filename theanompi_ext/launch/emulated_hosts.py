@@ -113,6 +113,22 @@ def run_on_hosts(argv, net, env, timeout=None):
         return wait_job(popen_job(cmd, eh.env(env)), timeout)
 
 
+def tcp_counters(text):
+    """``{name: value}`` of the ``Tcp:`` and ``TcpExt:`` tables of /proc/net/snmp and
+    /proc/net/netstat (``text``: both files; each table a line of names, then
+    a line of values)."""
+    out, heads = {}, {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(':')
+        if key not in ('Tcp', 'TcpExt'):
+            continue
+        if key not in heads:
+            heads[key] = rest.split()
+        else:
+            out.update((n, int(v)) for n, v in zip(heads.pop(key), rest.split()))
+    return out
+
+
 def remove_namespaces(names):
     """Kill every process inside each namespace in ``names``, then delete it (its
     links go with it)."""
@@ -342,6 +358,21 @@ class EmulatedHosts(object):
         into, out_of = (int(x) for x in out.split())
         return into, out_of
 
+    def link_events(self, host):
+        """What ``host``'s link and TCP stack counted so far: ``{'drops': packets
+        tbf dropped (both directions), 'retrans': TCP segments retransmitted,
+        'timeouts': retransmission timeouts, 'probes': tail loss probes}``."""
+        drops = 0
+        for ns, dev in ((self.hub, self.link(host)), (self.namespace(host), HOST_DEV)):
+            stats = _ip('netns', 'exec', ns, 'tc', '-s', 'qdisc', 'show', 'dev', dev)
+            drops += sum(int(d) for d in re.findall(r'dropped (\d+)', stats))
+        text = _ip('netns', 'exec', self.namespace(host), 'cat', '/proc/net/snmp',
+                   '/proc/net/netstat')
+        counters = tcp_counters(text)
+        return dict(drops=drops, retrans=counters.get('RetransSegs', 0),
+                    timeouts=counters.get('TCPTimeouts', 0),
+                    probes=counters.get('TCPLossProbes', 0))
+
     def __exit__(self, *exc):
         remove_namespaces(owned_namespaces(os.getpid()))
         if self._reaper is not None:
@@ -401,7 +432,7 @@ def main(argv=None):
 
 
 __all__ = ['EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'cleanup_stale', 'host_address', 'host_name',
-           'hosts_problem', 'owned_namespaces', 'remove_namespaces', 'run_on_hosts']
+           'hosts_problem', 'owned_namespaces', 'remove_namespaces', 'run_on_hosts', 'tcp_counters']
 
 if __name__ == '__main__':
     sys.exit(main())
