@@ -44,9 +44,10 @@ def test_launch_fractions_by_hand_and_the_minimum_cost():
 
 
 def test_rows_carry_launches_bound_and_load():
+    cpu = {'compute': [0.5, 0.7], 'overlap': [1.2, 1.4], 'serial': [0.9, 0.9]}
     ours = [dict(_job([1.0, 1.0], [1.05, 1.05], [1.2, 1.2], [0.2, 0.2]),
                  compute_chunked=[[1.0], [1.0]], grad_bytes=8, params=2, buckets=1,
-                 chunks=2, ranks=2)] * 2
+                 chunks=2, ranks=2, cpu_per_wall=cpu)] * 2
     ddp = [dict(_job([0.5, 0.5], [0.6, 0.6], [0.7, 0.7], [0.25, 0.25]), grad_bytes=8,
                 params=2, torch='x')]
     rows = compare_stats.summarize('m', 'hosts:2x2:200mbit', dict(batch=8, threads=1),
@@ -63,3 +64,13 @@ def test_rows_carry_launches_bound_and_load():
     text = compare_verdicts.format_table(rows)
     assert 'load average 3.50 before, 4.25 after' in text
     assert '0.75 +- 0.00 0.75 0.75' in text and '+20.0%' in text
+    # CPU per wall: the median over jobs and ranks (DDP's older jobs have none)
+    assert ov['cpu_per_wall'] == dict(compute=pytest.approx(0.6), step=pytest.approx(1.3),
+                                      serial=pytest.approx(0.9))
+    assert dd['cpu_per_wall'] == {} and '1.30 (0.60)' in text
+
+
+def test_cpu_per_wall_of_each_rank():
+    from theanompi_ext.bench.compare_rank import cpu_per_wall
+    got = cpu_per_wall([{'a': [1.0, 2.0]}, {'a': [3.0, 2.0]}])
+    assert got == {'a': [0.5, 1.5]}

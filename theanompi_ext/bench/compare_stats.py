@@ -153,6 +153,8 @@ def summarize(model, network, spec, ours, theirs):
         row['times_s']['allreduce'] = t['allreduce']
         row['bound_excess'], row['bound_excess_err'] = bound_excess(row)
         row['hidden_fraction_launches'] = launch_fractions(jobs, 'full', 'serial')
+        row['cpu_per_wall'] = _cpu_per_wall(jobs, {'compute': 'compute', 'step': 'full',
+                                                   'serial': 'serial'})
         rows.append(row)
     return rows
 
@@ -176,6 +178,9 @@ def _our_rows(model, network, spec, ours, common):
             row['times_s']['allreduce'] = t['allreduce' + sfx]
             row['hidden_fraction_launches'] = launch_fractions(ours, mode + sfx,
                                                                'serial' + sfx)
+            row['cpu_per_wall'] = _cpu_per_wall(ours, {'compute': 'compute',
+                                                       'step': mode + sfx,
+                                                       'serial': 'serial' + sfx})
             rows.append(row)
         overlapped = rows[-2]
         overlapped['bound_excess'], overlapped['bound_excess_err'] = bound_excess(overlapped)
@@ -214,6 +219,15 @@ def bound_excess(row):
     system's own allreduce of the whole gradient alone."""
     c, t, a = _paired(row, ('compute', 'step', 'allreduce'))
     return median_and_error(t / np.maximum(c, a) - 1.0)
+
+
+def _cpu_per_wall(jobs, modes):
+    """``{name: median over jobs and ranks of CPU / wall}`` for ``modes`` (name ->
+    the jobs' mode), from each job's ``cpu_per_wall`` (absent in older jobs: {})."""
+    if not all('cpu_per_wall' in j for j in jobs):
+        return {}
+    return {name: float(np.median(sum((j['cpu_per_wall'][m] for j in jobs), [])))
+            for name, m in modes.items()}
 
 
 def _median(per_rank):
