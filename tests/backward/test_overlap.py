@@ -93,6 +93,8 @@ def test_bench_option_parsing():
         parse_comm_thread('nice:40')
     assert hidden_fraction(1.0, 2.0, 1.1) == pytest.approx(0.9)
     assert hidden_fraction(1.0, 1.001, 1.0) is None   # nothing to hide
+    assert hidden_fraction(1.0, 1.04, 1.0) is None    # under MIN_COST (5%): noise
+    assert hidden_fraction(1.0, 1.1, 1.05) == pytest.approx(0.5)
 
 
 # -- chunked == monolithic (one process) -------------------------------------------

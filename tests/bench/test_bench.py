@@ -256,14 +256,14 @@ def test_compare_quick_ddp_fp16_hook(quick_compare):
 def assert_hidden_fraction_from_times(row):
     """The row's cost and hidden fraction, recomputed from its raw per-rank step
     times as compare's docstring defines them: a float where the cost is over
-    1% and over twice its error, None (not measurable) only where it is not."""
+    MIN_COST and over twice its error, None (not measurable) only where it is not."""
     c, t, s = [np.max(np.asarray(row['times_s'][m], float), axis=0)
                for m in ('compute', 'step', 'serial')]
     n = min(len(c), len(t), len(s))
     c, t, s = c[:n], t[:n], s[:n]
     cost = float(np.median((s - c) / c))
     assert row['comm_cost'] == pytest.approx(cost), row['system']
-    if cost > max(0.01, 2.0 * row['comm_cost_err']):
+    if cost > max(compare_stats.MIN_COST, 2.0 * row['comm_cost_err']):
         assert row['hidden_fraction'] == pytest.approx(float(np.median((s - t) / c)) / cost)
     else:
         assert row['hidden_fraction'] is None, row['system']

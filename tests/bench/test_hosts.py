@@ -50,3 +50,25 @@ def test_a_short_run_on_emulated_hosts():
     assert res.returncode == 0, res.stdout + res.stderr
     assert 'allreduce on 2 emulated hosts x 2 ranks, 1gbit links' in res.stdout
     assert '256 KB' in res.stdout and 'sim/meas' in res.stdout
+    # the links' counters, read from each host's namespace after the run
+    assert 'links during the run' in res.stdout and 'tmxh1: ' in res.stdout
+
+
+def test_timeouts_in_the_prediction_table():
+    from theanompi_ext.launch.emulated_hosts import tcp_counters
+    res = _result()
+    row = res['rows'][0]
+    link = 4194304 / (25e6 * 1448 / 1514.0)
+    sim = 0.001 + 2 * 2e-5 + link                      # 'started', as above
+    # three blocks of 'started': one took a retransmission timeout (200 ms more)
+    row.update(started=sim, started_all=[sim, sim + 0.2, sim], started_timeouts=[0, 1, 0])
+    for m in ('flat', 'rsag', 'leader'):
+        row[m + '_all'], row[m + '_timeouts'] = [row[m]] * 3, [0] * 3
+    text = format_table(res)
+    line = [x for x in text.splitlines() if 'started' in x and '4 MB' in x][-1]
+    assert line.split()[-2:] == ['1', '1.000']        # one RTO; sim + RTO = each block
+    assert 'with the RTOs: all' in text
+    snmp = ('Tcp: RtoMin RetransSegs\nTcp: 200 7\n'
+            'TcpExt: TCPTimeouts TCPLossProbes\nTcpExt: 3 5\n')
+    assert tcp_counters(snmp) == dict(RtoMin=200, RetransSegs=7, TCPTimeouts=3,
+                                      TCPLossProbes=5)

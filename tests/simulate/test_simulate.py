@@ -417,3 +417,24 @@ def test_slowest_rank_gaps_and_buckets_of_a_timeline():
     assert bucket_bytes(tr) == [4040.0]
     with pytest.raises(ValueError, match="no 'update' pieces"):
         piece_seconds(tr, 'update')
+
+
+def test_two_level_16mb_with_timeouts_by_hand():
+    """2 hosts x 2 ranks, 16 MiB, 200 Mbit/s shaped at 1448/1514 of payload, 31 us
+    between hosts, the host's reduce-scatter 8 ms, 16 pieces: the link's 16 MiB
+    (0.7017 s, and 62 us of latency) plus one piece's reduce-scatter and allgather; each TCP
+    retransmission timeout on the way adds Linux's least RTO, 200 ms."""
+    from theanompi_ext.simulate.network import (TCP_RTO_MIN, two_level_allreduce,
+                                                with_timeouts)
+    n = 16 << 20
+    bw = 25e6 * 1448 / 1514.0                   # 23.91 MB/s of payload
+    link = 2 * 31e-6 + n / bw                   # rhd of N/2 at bw/2 between 2 hosts
+    assert link == approx(0.70174, abs=1e-5)
+    ibw = 0.5 * n / 0.008                       # a reduce-scatter of N in 8 ms
+    piece = 2 * 0.5 * (n / 16) / ibw            # 1 ms: one piece in, one out
+    t = two_level_allreduce(n, 2, 2, 31e-6, 25e6 * 1448 / 1514.0, 0.0, ibw, pieces=16)
+    assert t == approx(piece + link) and t == approx(0.70274, abs=1e-5)
+    assert TCP_RTO_MIN == 0.2
+    assert with_timeouts(t, 0) == t and with_timeouts(t, 2) == approx(t + 0.4)
+    with pytest.raises(ValueError):
+        with_timeouts(t, -1)

@@ -14,8 +14,10 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
     """Add ``--network``, ``--json`` and ``--timeout`` to benchmark parser ``p``."""
     p.add_argument('--network', action='append', default=None, metavar='NET',
                    help="network between the ranks: 'shm' (shared memory, default) or "
-                        "'tbf:RATE', TCP in a network namespace shaped to RATE, e.g. tbf:%s (needs root); repeat to "
-                        "measure several" % network_example)
+                        "'tbf:RATE', TCP in a network namespace shaped to RATE, e.g. tbf:%s, or "
+                        "'hosts:HxR:RATE', H emulated hosts of R ranks, shared memory within "
+                        "a host and RATE between hosts, e.g. hosts:2x2:200mbit (both need root); "
+                        "repeat to measure several" % network_example)
     p.add_argument('--json', default='', metavar='FILE', type=output_path, help=json_help)
     p.add_argument('--timeout', type=float, default=timeout_s, metavar='S',
                    help='%s still running after this many seconds is stopped (default '
@@ -46,7 +48,8 @@ def run_job(module, spec, net, ranks, timeout, env_extra=None):
     """Run ``python -m module SPEC.json`` on ``ranks`` MPI ranks in network ``net``.
 
     ``net`` is a parsed network (see
-    :func:`theanompi_ext.launch.emulated_network.parse_network`);
+    :func:`theanompi_ext.launch.emulated_network.parse_network`; on
+    ``hosts:HxR:RATE`` the job gets fresh emulated hosts, H x R ranks);
     ``env_extra`` overrides variables of the ranks' environment. The spec
     gets ``out`` (where rank 0 writes its result as JSON, see
     :func:`rank_main`) and ``network``; that result is returned. Raises
@@ -62,8 +65,12 @@ def run_job(module, spec, net, ranks, timeout, env_extra=None):
         spec = dict(spec, out=os.path.join(tmp, 'result.json'), network=format_network(net))
         path = os.path.join(tmp, 'spec.json')
         write_json(path, spec, 'the job spec')
-        cmd = mpiexec_command(ranks, [sys.executable, '-u', '-m', module, path])
-        status = run_on_network(cmd, net, env, timeout)
+        argv = [sys.executable, '-u', '-m', module, path]
+        if net[0] == 'hosts':
+            from ..launch.emulated_hosts import run_on_hosts
+            status = run_on_hosts(argv, net, env, timeout)
+        else:
+            status = run_on_network(mpiexec_command(ranks, argv), net, env, timeout)
         if status == EXIT_TIMED_OUT:
             raise RuntimeError('stopped after --timeout %g s' % timeout)
         if status != 0:

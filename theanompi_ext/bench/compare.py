@@ -40,8 +40,9 @@ rank ends; the modes alternate step by step):
 and from them ``comm_overhead = step / compute - 1`` and
 ``hidden_fraction = (serial - step) / (serial - compute)``: the share of the
 non-overlapped exchange's cost that the system's step does not pay (0 for a
-serial exchanger; ``null`` when that cost is under 1% of the compute step or
-under twice its standard error, where the ratio is noise). Both are
+serial exchanger; ``null`` when that cost is under 5% of the compute step
+(:data:`.compare_stats.MIN_COST`) or under twice its standard error, where
+the ratio is noise; ``hidden_fraction_launches`` holds each launch's own). Both are
 estimated from the modes' back-to-back steps (see
 :func:`.compare_stats.make_row`). The
 definitions are the same for both projects; figures come with standard
@@ -58,9 +59,13 @@ blocks of ``--steps`` steps in a rotating order, ``--reps`` times. Medians
 are over every measured step of every job.
 
 Networks: ``shm`` (this machine: MPI over shared memory, gloo over TCP on
-the loopback) and ``tbf:RATE`` (both in a network namespace whose loopback
+the loopback), ``tbf:RATE`` (both in a network namespace whose loopback
 is rate-limited, MPI forced onto TCP; needs root, see
-:mod:`theanompi_ext.launch.emulated_network`).
+:mod:`theanompi_ext.launch.emulated_network`) and ``hosts:HxR:RATE`` (H
+emulated hosts of R ranks, ``--ranks`` ignored: MPI over shared memory
+within a host and TCP between hosts; DDP's ranks started on the hosts the
+same way, gloo's store on the first host's address; needs root, see
+:mod:`theanompi_ext.launch.emulated_hosts`).
 
 The parts: this module (the command, its jobs), :mod:`.compare_systems`
 (what is compared), :mod:`.compare_rank` (our side in each rank; DDP's is
@@ -73,7 +78,8 @@ import sys
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
-from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
+from ..launch.emulated_network import (NetworkSetupError, format_network, hosts_layout,
+                                       parse_network)
 from .common import add_common_options, run_job
 from .compare_stats import summarize
 from .compare_systems import MODEL_SPECS, WIRE_SUFFIX
@@ -225,6 +231,10 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
     # through the spec).
     threads = {v: str(spec['threads'])
                for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')}
+    ddp_env = dict(threads, **ddp_rendezvous(net))
+    if net[0] == 'hosts':
+        h, r, _ = hosts_layout(net)
+        ranks = h * r
     for launch in range(spec['launches']):
         # Alternate which project goes first, so drifting load hits both.
         jobs = ['ours', 'ddp'] if launch % 2 == 0 else ['ddp', 'ours']
@@ -237,13 +247,26 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
                     theirs[cap, hook].append(run_job(
                         'theanompi_ext.bench.ddp_worker',
                         dict(spec, port=free_port(), ddp_bucket_cap_mb=cap,
-                             ddp_comm_hook=hook), net, ranks, timeout, threads))
+                             ddp_comm_hook=hook), net, ranks, timeout, ddp_env))
     rows = summarize(model, format_network(net), spec, ours, theirs)
     # The machine may be shared: say how busy it was around the measurement.
     for r in rows:
         r.update(load_before=load_before, load_after=os.getloadavg()[0],
                  launches=spec['launches'], steps=spec['steps'], reps=spec['reps'])
     return rows
+
+
+def ddp_rendezvous(net):
+    """gloo's rendezvous on ``net``: on emulated hosts a TCP store on the first
+    host's address, and gloo on the hosts' own device (within a host the
+    kernel keeps that traffic local; between hosts it crosses the shaped
+    link); elsewhere nothing (the loopback, see :mod:`.ddp_worker`)."""
+    if net[0] != 'hosts':
+        return {}
+    from ..launch.emulated_hosts import HOST_DEV, host_address
+    # (c10d warns on every rank that an emulated host's name does not resolve)
+    return {'MASTER_ADDR': host_address(0), 'GLOO_SOCKET_IFNAME': HOST_DEV,
+            'TORCH_CPP_LOG_LEVEL': 'ERROR'}
 
 
 def free_port():

@@ -44,16 +44,27 @@ def measure_ours(spec):
         run['overlap' + sfx] = lambda t=overlap: t.step(x, y)
         run['allreduce' + sfx] = lambda t=serial: t.exchanger.reduce(zeros)
     modes = ours_modes(wires)
+    cpu = {}
     local = time_modes(run, modes, spec['steps'], spec['reps'], comm.barrier,
-                       warmup=spec['warmup'])
+                       warmup=spec['warmup'], cpu=cpu)
     everyone = [json.loads(e) for e in comm.allgather(json.dumps(local))]
     out = {mode: [[float(v) for v in r[mode]] for r in everyone] for mode in modes}
+    out['cpu_per_wall'] = cpu_per_wall([json.loads(e) for e in comm.allgather(json.dumps(cpu))])
     out.update(grad_bytes=4 * int(first.n_exch), params=int(first.layout.total),
                buckets=len(first.buckets),
                chunks=trainers['ar-overlap', wires[0]].backward.n_chunks, ranks=k)
     comm.barrier()
     comm.close()
     return out
+
+
+def cpu_per_wall(per_rank):
+    """``{mode: [CPU seconds / wall seconds of each rank]}`` from each rank's
+    ``{mode: [CPU s, wall s]}`` (:func:`.timing.time_modes`' ``cpu``): the
+    process's CPU, every thread of it, so over 1 where the communication
+    thread runs beside the compute, under 1 where the rank waited or was
+    off its core."""
+    return {m: [c[m][0] / max(c[m][1], 1e-9) for c in per_rank] for m in per_rank[0]}
 
 
 def _our_trainer(comm, spec, data, strategy, wire):

@@ -8,6 +8,12 @@ systems, :func:`summarize` for all systems of one setting.
 """
 import numpy as np
 
+#: The least exchange cost (serial - compute, as a share of the compute step)
+#: for which a hidden fraction is reported: below it a shift of the step by
+#: 1% of compute (what another job's burst or a launch's placement moves it
+#: by on a shared 2-core machine) moves the fraction by more than 0.2.
+MIN_COST = 0.05
+
 from .compare_systems import DDP_HOOK_WIRE, SYSTEMS, WIRE_SUFFIX, ddp_system, ours_modes
 
 
@@ -50,8 +56,9 @@ def make_row(system, model, network, compute, step, serial, **extra):
         hidden_fraction = median_k((serial_k - step_k) / compute_k) / cost
 
     ``hidden_fraction`` is None when ``cost`` (the exchange's cost, as a
-    fraction of the compute step) is under 1% or under twice its standard
-    error; ``hidden_fraction_err`` is its bootstrap standard error
+    fraction of the compute step) is under :data:`MIN_COST` or under twice
+    its standard error (:func:`cost_measurable`); ``hidden_fraction_err`` is
+    its bootstrap standard error
     (:func:`bootstrap_error`). The
     row also holds the medians of the three step times (``*_s``), standard
     errors (``*_err``, see :func:`median_and_error`) and the per-rank,
@@ -64,7 +71,7 @@ def make_row(system, model, network, compute, step, serial, **extra):
     overhead, overhead_err = median_and_error(t / c - 1.0)
     cost, cost_err = median_and_error((s - c) / c)
     hidden, hidden_err = None, None
-    if cost > max(0.01, 2.0 * cost_err):
+    if cost_measurable(cost, cost_err):
         hidden = paired_hidden_fraction(c, t, s)
         hidden_err = bootstrap_error(paired_hidden_fraction, (c, t, s))
     row = dict(system=system, model=model, network=network, compute_s=mc, step_s=mt,
@@ -75,6 +82,29 @@ def make_row(system, model, network, compute, step, serial, **extra):
                times_s=dict(compute=compute, step=step, serial=serial))
     row.update(extra)
     return row
+
+
+def cost_measurable(cost, cost_err):
+    """Whether an exchange cost (share of compute, with its standard error) is
+    large enough for a hidden fraction: over :data:`MIN_COST` and over twice
+    its error."""
+    return cost > max(MIN_COST, 2.0 * cost_err)
+
+
+def launch_fractions(jobs, step_mode, serial_mode):
+    """The hidden fraction of each job (launch) alone, None where its cost is not
+    :func:`cost_measurable`: ``jobs`` are job results (``{mode: [[per-step
+    seconds] of each rank]}``) with ``'compute'``, ``step_mode`` and
+    ``serial_mode``."""
+    out = []
+    for job in jobs:
+        c, t, s = [job_steps(job[m]) for m in ('compute', step_mode, serial_mode)]
+        n = min(len(c), len(t), len(s))
+        c, t, s = c[:n], t[:n], s[:n]
+        cost, cost_err = median_and_error((s - c) / c)
+        out.append(paired_hidden_fraction(c, t, s) if cost_measurable(cost, cost_err)
+                   else None)
+    return out
 
 
 def paired_hidden_fraction(c, t, s):
@@ -121,6 +151,10 @@ def summarize(model, network, spec, ours, theirs):
                    ddp_bucket_cap_mb=cap, ddp_comm_hook=hook, wire_dtype=DDP_HOOK_WIRE[hook],
                    hook_check=jobs[0].get('hook_check')))
         row['times_s']['allreduce'] = t['allreduce']
+        row['bound_excess'], row['bound_excess_err'] = bound_excess(row)
+        row['hidden_fraction_launches'] = launch_fractions(jobs, 'full', 'serial')
+        row['cpu_per_wall'] = _cpu_per_wall(jobs, {'compute': 'compute', 'step': 'full',
+                                                   'serial': 'serial'})
         rows.append(row)
     return rows
 
@@ -142,6 +176,11 @@ def _our_rows(model, network, spec, ours, common):
             row = make_row(system + sfx, model, network, t['compute'], t[mode + sfx],
                            t['serial' + sfx], **extra)
             row['times_s']['allreduce'] = t['allreduce' + sfx]
+            row['hidden_fraction_launches'] = launch_fractions(ours, mode + sfx,
+                                                               'serial' + sfx)
+            row['cpu_per_wall'] = _cpu_per_wall(ours, {'compute': 'compute',
+                                                       'step': mode + sfx,
+                                                       'serial': 'serial' + sfx})
             rows.append(row)
         overlapped = rows[-2]
         overlapped['bound_excess'], overlapped['bound_excess_err'] = bound_excess(overlapped)
@@ -182,6 +221,15 @@ def bound_excess(row):
     return median_and_error(t / np.maximum(c, a) - 1.0)
 
 
+def _cpu_per_wall(jobs, modes):
+    """``{name: median over jobs and ranks of CPU / wall}`` for ``modes`` (name ->
+    the jobs' mode), from each job's ``cpu_per_wall`` (absent in older jobs: {})."""
+    if not all('cpu_per_wall' in j for j in jobs):
+        return {}
+    return {name: float(np.median(sum((j['cpu_per_wall'][m] for j in jobs), [])))
+            for name, m in modes.items()}
+
+
 def _median(per_rank):
     return float(np.median(job_steps(per_rank)))
 
@@ -191,5 +239,6 @@ def _all(results, mode):
     return [sum((r[mode][k] for r in results), []) for k in range(len(results[0][mode]))]
 
 
-__all__ = ['bootstrap_error', 'bound_excess', 'job_steps', 'make_row', 'median_and_error',
-           'paired_hidden_fraction', 'summarize', 'wire_ratio']
+__all__ = ['MIN_COST', 'bootstrap_error', 'bound_excess', 'cost_measurable', 'job_steps',
+           'launch_fractions', 'make_row', 'median_and_error', 'paired_hidden_fraction',
+           'summarize', 'wire_ratio']

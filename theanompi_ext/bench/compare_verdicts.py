@@ -1,6 +1,7 @@
 """The verdicts of ``bench compare``: its targets judged, and the table that shows them."""
 import numpy as np
 
+from .compare_stats import MIN_COST
 from .compare_systems import SYSTEMS, WIRE_SUFFIX
 
 # The issue's targets: our 16-bit exchange at most this fraction of float32's
@@ -85,25 +86,39 @@ def _fmt_frac(v, err=None):
 
 
 def format_table(rows):
-    """One line per system: times in ms, overhead in % and hidden fraction (each +- its standard error)."""
+    """One line per system: times in ms, the step over max(compute, allreduce), overhead
+    in % and hidden fraction (each +- its standard error), the hidden fraction of each
+    launch; then the targets and the load around the measurement."""
     if not rows:
         return '(no results)'
     r0 = rows[0]
     lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients'
              % (r0['model'], r0['network'], r0.get('ranks'), r0.get('batch'), r0.get('threads'),
                 r0.get('grad_bytes', 0) / 1e6),
-             '%-30s %10s %10s %10s %10s %15s %13s' % ('system', 'compute ms', 'step ms',
-                                                     'serial ms', 'allred ms', 'overhead',
-                                                     'hidden')]
+             '%-30s %10s %10s %10s %10s %10s %11s %15s %13s %s' % (
+                 'system', 'compute ms', 'step ms', 'serial ms', 'allred ms', 'vs bound',
+                 'cpu/wall', 'overhead', 'hidden', 'per launch')]
     for r in rows:
-        lines.append('%-30s %10.1f %10.1f %10.1f %10.1f %7.1f%% +-%4.1f %13s' % (
+        over = ('%+9.1f%%' % (100 * r['bound_excess'])) if 'bound_excess' in r else ''
+        cpu = r.get('cpu_per_wall') or {}
+        cpu = '%.2f (%.2f)' % (cpu['step'], cpu['compute']) if cpu else ''
+        lines.append('%-30s %10.1f %10.1f %10.1f %10.1f %10s %11s %7.1f%% +-%4.1f %13s %s' % (
             r['system'], 1e3 * r['compute_s'], 1e3 * r['step_s'], 1e3 * r['serial_s'],
-            1e3 * r.get('allreduce_s', float('nan')), 100 * r['comm_overhead'],
+            1e3 * r.get('allreduce_s', float('nan')), over, cpu, 100 * r['comm_overhead'],
             100 * r.get('comm_overhead_err', float('nan')),
-            _fmt_frac(r['hidden_fraction'], r.get('hidden_fraction_err'))))
+            _fmt_frac(r['hidden_fraction'], r.get('hidden_fraction_err')),
+            ' '.join(_fmt_frac(v) for v in r.get('hidden_fraction_launches') or [])))
     verdict = targets(rows)
     if verdict:
         lines.append(verdict)
+    if 'load_before' in r0:
+        lines.append('(%s launches x %s blocks x %s steps per mode; vs bound: step / '
+                     'max(compute, allreduce) - 1; cpu/wall: process CPU / wall time of the '
+                     'step (of compute), median over ranks; hidden fraction only where the exchange '
+                     'costs over %.0f%% of compute; load average %.2f before, %.2f after: '
+                     'the machine is shared)' % (
+                         r0.get('launches'), r0.get('reps'), r0.get('steps'), 100 * MIN_COST,
+                         r0['load_before'], r0['load_after']))
     return '\n'.join(lines)
 
 

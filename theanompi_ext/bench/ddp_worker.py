@@ -154,20 +154,25 @@ def measure(spec):
     """
     import torch
     import torch.distributed as dist
+    from .compare_rank import cpu_per_wall
     from .timing import time_modes
 
     rank, size = _rank_and_size()
     _start_gloo(spec, rank, size)
     try:
         run, net, n_grads, hook_check = _ddp_modes(spec, rank, size)
+        cpu = {}
         local = time_modes(run, MODES, spec['steps'], spec['reps'], dist.barrier,
-                           warmup=spec['warmup'])
+                           warmup=spec['warmup'], cpu=cpu)
         out = {}
         for mode in MODES:
             mine = torch.tensor(local[mode], dtype=torch.float64)
             every = [torch.zeros_like(mine) for _ in range(size)]
             dist.all_gather(every, mine)
             out[mode] = [[float(v) for v in t] for t in every]
+        every_cpu = [None] * size
+        dist.all_gather_object(every_cpu, cpu)
+        out['cpu_per_wall'] = cpu_per_wall(every_cpu)
         out['grad_bytes'] = 4 * n_grads
         out['params'] = count_params(net)
         out['torch'] = torch.__version__

@@ -19,9 +19,11 @@ MODES = ('compute', 'compute_chunked', 'serial', 'overlap', 'allreduce')
 
 
 def hidden_fraction(compute, serial, overlap):
-    """(serial - overlap) / (serial - compute); None when the exchange costs nothing measurable."""
+    """(serial - overlap) / (serial - compute); None when the exchange costs under
+    :data:`.compare_stats.MIN_COST` of compute (the ratio would be noise)."""
+    from .compare_stats import MIN_COST
     cost = serial - compute
-    if cost <= 0.01 * compute:
+    if cost <= MIN_COST * compute:
         return None
     return (serial - overlap) / cost
 

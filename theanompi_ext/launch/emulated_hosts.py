@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 
-from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError,
+from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError, hosts_layout,
                                delete_namespace, namespaces, netns_problem, tbf_link)
 from ..files.stale import pid_alive
 from .hostlists import format_hostfile
@@ -88,6 +88,45 @@ def host_name(i):
 def _owner(ns):
     m = re.match(r'%s(\d+)-' % PREFIX, ns)
     return int(m.group(1)) if m else None
+
+
+def host_address(i):
+    """The address of emulated host ``i`` (the same in every set: each set has its
+    own namespaces)."""
+    return SUBNET + str(i + 1)
+
+
+def run_on_hosts(argv, net, env, timeout=None):
+    """Run ``argv`` on every slot of fresh emulated hosts; returns the exit status.
+
+    ``net``: a parsed ``hosts:HxR:RATE`` setting
+    (:func:`~.emulated_network.hosts_layout`); ``env``: the ranks' environment
+    (the hosts' mpiexec variables added); after ``timeout`` seconds every rank
+    is stopped (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT`). The hosts are
+    removed before it returns, whatever happened.
+    """
+    from .mpiexec import mpiexec_command, popen_job, wait_job
+    hosts, per_host, rate = hosts_layout(net)
+    with EmulatedHosts(hosts, per_host, rate) as eh:
+        cmd = mpiexec_command(hosts * per_host, argv, hostfile=eh.hostfile,
+                              mpiexec=eh.mpiexec)
+        return wait_job(popen_job(cmd, eh.env(env)), timeout)
+
+
+def tcp_counters(text):
+    """``{name: value}`` of the ``Tcp:`` and ``TcpExt:`` tables of /proc/net/snmp and
+    /proc/net/netstat (``text``: both files; each table a line of names, then
+    a line of values)."""
+    out, heads = {}, {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(':')
+        if key not in ('Tcp', 'TcpExt'):
+            continue
+        if key not in heads:
+            heads[key] = rest.split()
+        else:
+            out.update((n, int(v)) for n, v in zip(heads.pop(key), rest.split()))
+    return out
 
 
 def remove_namespaces(names):
@@ -208,8 +247,7 @@ class EmulatedHosts(object):
 
     def address(self, host):
         """The address of ``host`` (name or index) on the emulated network."""
-        i = host if isinstance(host, int) else self.hosts.index(host)
-        return SUBNET + str(i + 1)
+        return host_address(host if isinstance(host, int) else self.hosts.index(host))
 
     def __enter__(self):
         problem = hosts_problem()
@@ -333,6 +371,21 @@ class EmulatedHosts(object):
         into, out_of = (int(x) for x in out.split())
         return into, out_of
 
+    def link_events(self, host):
+        """What ``host``'s link and TCP stack counted so far: ``{'drops': packets
+        tbf dropped (both directions), 'retrans': TCP segments retransmitted,
+        'timeouts': retransmission timeouts, 'probes': tail loss probes}``."""
+        drops = 0
+        for ns, dev in ((self.hub, self.link(host)), (self.namespace(host), HOST_DEV)):
+            stats = _ip('netns', 'exec', ns, 'tc', '-s', 'qdisc', 'show', 'dev', dev)
+            drops += sum(int(d) for d in re.findall(r'dropped (\d+)', stats))
+        text = _ip('netns', 'exec', self.namespace(host), 'cat', '/proc/net/snmp',
+                   '/proc/net/netstat')
+        counters = tcp_counters(text)
+        return dict(drops=drops, retrans=counters.get('RetransSegs', 0),
+                    timeouts=counters.get('TCPTimeouts', 0),
+                    probes=counters.get('TCPLossProbes', 0))
+
     def __exit__(self, *exc):
         remove_namespaces(owned_namespaces(os.getpid()))
         if self._reaper is not None:
@@ -391,8 +444,8 @@ def main(argv=None):
         return 2
 
 
-__all__ = ['EmulatedHosts', 'HOSTS_ENV', 'cleanup_stale', 'host_name', 'hosts_problem',
-           'owned_namespaces', 'remove_namespaces']
+__all__ = ['EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'cleanup_stale', 'host_address', 'host_name',
+           'hosts_problem', 'owned_namespaces', 'remove_namespaces', 'run_on_hosts', 'tcp_counters']
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -5,6 +5,10 @@ A *network setting* is what ``--network`` takes, parsed into a
 
 ``shm``          the ranks on this machine, MPI over shared memory (nothing
                  is emulated; the job runs as it is).
+``hosts:HxR:RATE`` e.g. ``hosts:2x2:200mbit``: H emulated hosts of R ranks
+                 (:mod:`.emulated_hosts`: shared memory within a host, TCP
+                 between hosts, each host's link shaped to RATE); the
+                 ``rate`` field holds ``HxR:RATE`` (:func:`hosts_layout`).
 ``tbf:RATE``     e.g. ``tbf:200mbit``: the ranks run inside a fresh network
                  namespace whose loopback is rate-limited by the ``tbf``
                  queueing discipline (:class:`RateLimitedNamespace`), and
@@ -54,11 +58,13 @@ TC_RATE = {'bit': 1.0, 'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9,
            'bps': 8.0, 'kbps': 8e3, 'mbps': 8e6, 'gbps': 8e9}
 TC_SIZE = {'b': 1, 'kb': 1024, 'mb': 1024 ** 2}
 NAMESPACE_PREFIX = 'tmxbench'
+RATE_RE = r'\d+(\.\d+)?([kmg]?bit|[kmg]?bps)'
 
 
 class Network(namedtuple('Network', 'kind rate')):
-    """A parsed network setting: ``kind`` 'shm' (``rate`` None) or 'tbf' (``rate``
-    in tc units, e.g. '200mbit'). Equal to the plain tuple ``(kind, rate)``."""
+    """A parsed network setting: ``kind`` 'shm' (``rate`` None), 'tbf' (``rate``
+    in tc units, e.g. '200mbit') or 'hosts' (``rate`` '2x2:200mbit'). Equal to
+    the plain tuple ``(kind, rate)``."""
     __slots__ = ()
 
 
@@ -67,13 +73,25 @@ class NetworkSetupError(RuntimeError):
 
 
 def parse_network(text):
-    """'shm' -> ('shm', None); 'tbf:200mbit' -> ('tbf', '200mbit'); ValueError otherwise."""
+    """'shm' -> ('shm', None); 'tbf:200mbit' -> ('tbf', '200mbit');
+    'hosts:2x2:200mbit' -> ('hosts', '2x2:200mbit'); ValueError otherwise."""
     if text == 'shm':
         return Network('shm', None)
     kind, _, rate = text.partition(':')
-    if kind == 'tbf' and re.fullmatch(r'\d+(\.\d+)?([kmg]?bit|[kmg]?bps)', rate or ''):
+    if kind == 'tbf' and re.fullmatch(RATE_RE, rate or ''):
         return Network('tbf', rate)
-    raise ValueError("unknown network %r: use 'shm' or 'tbf:RATE' (e.g. tbf:200mbit)" % text)
+    if kind == 'hosts' and re.fullmatch(r'[1-9]\d*x[1-9]\d*:' + RATE_RE, rate or ''):
+        return Network('hosts', rate)
+    raise ValueError("unknown network %r: use 'shm', 'tbf:RATE' (e.g. tbf:200mbit) or "
+                     "'hosts:HxR:RATE' (e.g. hosts:2x2:200mbit)" % text)
+
+
+def hosts_layout(net):
+    """``(hosts, ranks per host, rate)`` of a 'hosts' setting (``('hosts', '2x2:200mbit')``
+    -> ``(2, 2, '200mbit')``)."""
+    layout, _, rate = net[1].partition(':')
+    h, _, r = layout.partition('x')
+    return int(h), int(r), rate
 
 
 def format_network(net):
@@ -175,6 +193,8 @@ def run_on_network(cmd, net, env, timeout=None):
     """
     kind, rate = net
     env = dict(env)
+    if kind == 'hosts':
+        raise ValueError('a hosts setting runs through emulated_hosts.run_on_hosts')
     if kind == 'shm':
         return wait_job(popen_job(cmd, env), timeout)
     for key, value in TCP_ENV.items():
@@ -184,5 +204,5 @@ def run_on_network(cmd, net, env, timeout=None):
 
 
 __all__ = ['DEFAULT_BURST', 'DEFAULT_LATENCY', 'Network', 'NetworkSetupError', 'TCP_ENV',
-           'RateLimitedNamespace', 'delete_namespace', 'format_network', 'namespace_name',
+           'RateLimitedNamespace', 'delete_namespace', 'format_network', 'hosts_layout', 'namespace_name',
            'namespaces', 'netns_problem', 'parse_network', 'run_on_network', 'tbf_link']

@@ -146,6 +146,21 @@ def tcp_payload_share(mtu=1500):
     return (mtu - 52.0) / (mtu + 14.0)
 
 
+#: Linux's least TCP retransmission timeout (TCP_RTO_MIN, /proc/net/snmp's
+#: RtoMin): on a link whose round trip is far below it, what one timeout costs.
+TCP_RTO_MIN = 0.2
+
+
+def with_timeouts(seconds, timeouts, rto=TCP_RTO_MIN):
+    """An allreduce of ``seconds`` on a lossless link, plus ``timeouts`` TCP
+    retransmission timeouts on its critical path: the flow waits ``rto`` for
+    each (Linux's least RTO where the round trip is short) while the link
+    idles for it (the other flows of the collective wait on that one)."""
+    if timeouts < 0 or rto < 0:
+        raise ValueError('timeouts and rto must be >= 0, got %r, %r' % (timeouts, rto))
+    return seconds + timeouts * rto
+
+
 @dataclass(frozen=True)
 class Network:
     """A cluster's interconnect and the allreduce algorithm run on it.

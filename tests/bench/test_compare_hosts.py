@@ -1,0 +1,76 @@
+"""``bench compare`` on emulated hosts and its statistics (no root, no MPI: fast)."""
+import pytest
+
+from theanompi_ext.bench import compare, compare_stats, compare_verdicts
+from theanompi_ext.launch.emulated_network import format_network, hosts_layout, parse_network
+
+
+def test_hosts_network_setting_parses():
+    net = parse_network('hosts:2x2:200mbit')
+    assert net == ('hosts', '2x2:200mbit') and format_network(net) == 'hosts:2x2:200mbit'
+    assert hosts_layout(net) == (2, 2, '200mbit')
+    assert hosts_layout(parse_network('hosts:4x1:1gbit')) == (4, 1, '1gbit')
+    for bad in ('hosts:2x2', 'hosts:0x2:200mbit', 'hosts:2:200mbit', 'hosts:2x2:fast'):
+        with pytest.raises(ValueError):
+            parse_network(bad)
+
+
+def test_ddp_rendezvous_on_the_first_host():
+    env = compare.ddp_rendezvous(parse_network('hosts:2x2:200mbit'))
+    assert env['MASTER_ADDR'] == '10.77.0.1' and env['GLOO_SOCKET_IFNAME'] == 'eth0'
+    assert compare.ddp_rendezvous(parse_network('tbf:200mbit')) == {}
+
+
+def _job(compute, step, serial, allreduce=None):
+    """A 2-rank job result whose ranks took the same times."""
+    job = dict(compute=[compute, compute], overlap=[step, step], serial=[serial, serial],
+               full=[step, step])
+    job['allreduce'] = [allreduce or compute, allreduce or compute]
+    return job
+
+
+def test_launch_fractions_by_hand_and_the_minimum_cost():
+    # launch 1: cost 0.2 of compute, 0.15 saved: 0.75; launch 2: 0.2, 0.05 saved: 0.25
+    a = _job([1.0, 1.0, 1.0], [1.05, 1.05, 1.05], [1.2, 1.2, 1.2])
+    b = _job([1.0, 1.0, 1.0], [1.15, 1.15, 1.15], [1.2, 1.2, 1.2])
+    # launch 3: the exchange costs 3% of compute (< MIN_COST): no fraction
+    c = _job([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.03, 1.03, 1.03])
+    got = compare_stats.launch_fractions([a, b, c], 'overlap', 'serial')
+    assert got[:2] == [pytest.approx(0.75), pytest.approx(0.25)] and got[2] is None
+    assert compare_stats.MIN_COST == 0.05
+    assert compare_stats.cost_measurable(0.06, 0.01)
+    assert not compare_stats.cost_measurable(0.04, 0.0)       # under 5% of compute
+    assert not compare_stats.cost_measurable(0.3, 0.2)        # under twice its error
+
+
+def test_rows_carry_launches_bound_and_load():
+    cpu = {'compute': [0.5, 0.7], 'overlap': [1.2, 1.4], 'serial': [0.9, 0.9]}
+    ours = [dict(_job([1.0, 1.0], [1.05, 1.05], [1.2, 1.2], [0.2, 0.2]),
+                 compute_chunked=[[1.0], [1.0]], grad_bytes=8, params=2, buckets=1,
+                 chunks=2, ranks=2, cpu_per_wall=cpu)] * 2
+    ddp = [dict(_job([0.5, 0.5], [0.6, 0.6], [0.7, 0.7], [0.25, 0.25]), grad_bytes=8,
+                params=2, torch='x')]
+    rows = compare_stats.summarize('m', 'hosts:2x2:200mbit', dict(batch=8, threads=1),
+                                   ours, {25.0: ddp})
+    by = {r['system']: r for r in rows}
+    ov, dd = by['theanompi_ext/ar-overlap'], by['pytorch/ddp-gloo']
+    assert ov['hidden_fraction_launches'] == [pytest.approx(0.75)] * 2
+    assert dd['hidden_fraction_launches'] == [pytest.approx(0.5)]
+    # the step against max(compute, allreduce): 1.05 / 1.0 and 0.6 / 0.5
+    assert ov['bound_excess'] == pytest.approx(0.05)
+    assert dd['bound_excess'] == pytest.approx(0.2)
+    for r in rows:
+        r.update(load_before=3.5, load_after=4.25, launches=2, reps=2, steps=1)
+    text = compare_verdicts.format_table(rows)
+    assert 'load average 3.50 before, 4.25 after' in text
+    assert '0.75 +- 0.00 0.75 0.75' in text and '+20.0%' in text
+    # CPU per wall: the median over jobs and ranks (DDP's older jobs have none)
+    assert ov['cpu_per_wall'] == dict(compute=pytest.approx(0.6), step=pytest.approx(1.3),
+                                      serial=pytest.approx(0.9))
+    assert dd['cpu_per_wall'] == {} and '1.30 (0.60)' in text
+
+
+def test_cpu_per_wall_of_each_rank():
+    from theanompi_ext.bench.compare_rank import cpu_per_wall
+    got = cpu_per_wall([{'a': [1.0, 2.0]}, {'a': [3.0, 2.0]}])
+    assert got == {'a': [0.5, 1.5]}
