@@ -9,6 +9,8 @@
   iterations it lost; rank 0 creates it (empty) as soon as every rank has
   joined the communicator (:func:`mark_started`), which tells the
   supervisor that the attempt started (``launch/start_watch.py``);
+* :data:`START_VAR`: for a job run without the supervisor, only that start
+  mark (no per-step writes): its start is watched all the same;
 * :data:`FAULTS_VAR`: the tests' fault injection, ``ATTEMPT:RANK:ITER:KIND``
   entries separated by ``;``: after iteration ITER of attempt ATTEMPT, rank
   RANK is SIGKILLed (``kill``), SIGSTOPped (``stop``), raises (``raise``),
@@ -21,10 +23,14 @@ import os
 import signal
 import tempfile
 
+from ..files.atomic import remove_quietly
+
 ATTEMPT_VAR = 'THEANOMPI_EXT_ATTEMPT'
 MAX_RESTARTS_VAR = 'THEANOMPI_EXT_MAX_RESTARTS'
 PROGRESS_VAR = 'THEANOMPI_EXT_PROGRESS_FILE'
-#: The progress file's name in --out of a job run without the supervisor.
+#: A job run without the supervisor: the file rank 0 creates once every rank joined.
+START_VAR = 'THEANOMPI_EXT_START_FILE'
+#: That file's name in --out.
 START_NAME = '.theanompi-ext.started'
 FAULTS_VAR = 'THEANOMPI_EXT_FAULTS'
 KINDS = ('kill', 'stop', 'raise', 'ckpt', 'pause')
@@ -41,42 +47,41 @@ def number(environ=None):
 
 
 def mark_started(rank, environ=None):
-    """Rank 0 creates the progress file (empty: no iteration yet), once every
-    rank has joined the communicator; nothing outside the supervisor."""
-    env = os.environ if environ is None else environ
-    path = env.get(PROGRESS_VAR)
+    """Rank 0 creates the start file (:func:`start_file`; the progress file is
+    created empty: no iteration yet), once every rank has joined the communicator."""
+    path = start_file(os.environ if environ is None else environ)
     if rank == 0 and path:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
 
 
+def start_file(environ):
+    """The file whose existence says the job started: the supervisor's progress
+    file, else the start watch's (:func:`start_watch_env`), else None."""
+    return environ.get(PROGRESS_VAR) or environ.get(START_VAR)
+
+
 @contextlib.contextmanager
-def start_marker(out, across_hosts):
-    """The progress file of a job run without the restart supervisor, so that
-    its start is watched too (``launch/start_watch.py``); removed afterwards.
+def start_watch_env(out, across_hosts):
+    """The ranks' variables that let the launcher watch the start of a job run
+    without the restart supervisor (``launch/start_watch.py``): ``{START_VAR:
+    path}``, the file removed afterwards; ``{}`` when it cannot be watched.
 
     In ``out`` (every host sees it: ``train/placement.py`` checks), else on one
     host in $TMPDIR; across hosts without ``out`` there is no folder known to
-    be rank 0's as well as the launcher's: None (not watched)."""
+    be rank 0's as well as the launcher's."""
     if out:
         path = os.path.join(out, START_NAME)
     elif not across_hosts:
         fd, path = tempfile.mkstemp(prefix='.theanompi-ext-start-')
         os.close(fd)
     else:
-        yield None
+        yield {}
         return
-    _remove(path)
+    remove_quietly(path)
     try:
-        yield path
+        yield {START_VAR: path}
     finally:
-        _remove(path)
-
-
-def _remove(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+        remove_quietly(path)
 
 
 def started(path):

@@ -142,7 +142,7 @@ def _launch(args, cfg):
     from ..launch.mpiexec import child_env, find_mpiexec
     from ..launch.postmortem import run_explained   # names a rank that died
     from ..launch.worker_job import worker_command, worker_env
-    from .attempt import PROGRESS_VAR, started
+    from .attempt import start_file, start_watch_env, started
     if args.workers == 1 and not args.hostfile and not cfg.max_restarts:
         # (a job that may restart runs under mpiexec even on one rank)
         from .worker import run, guarded
@@ -164,16 +164,15 @@ def _launch(args, cfg):
         if sys.stdout.isatty():
             # rank 0 writes to mpiexec's pipe: tell it that a terminal reads it
             env[STDOUT_TTY_VAR] = '1'
-        progress = extra_env.get(PROGRESS_VAR)     # set by the restart supervisor
+        mark = start_file(extra_env)
         return run_explained(worker_command(args.workers, args.hostfile), env=env,
                              size=args.workers, hostfile=args.hostfile,
-                             started=(lambda: started(progress)) if progress else None,
+                             started=(lambda: started(mark)) if mark else None,
                              start_timeout_s=cfg.start_timeout_s)
     if not cfg.max_restarts:
-        from .attempt import start_marker
         # a job whose ranks never all join (a rank dead before MPI started: hydra
         # leaves the others waiting) ends after --start-timeout-s, as under restarts
-        with start_marker(cfg.out, bool(args.hostfile)) as marker:
-            return attempt(cfg, {PROGRESS_VAR: marker} if marker else {})
+        with start_watch_env(cfg.out, bool(args.hostfile)) as watch_env:
+            return attempt(cfg, watch_env)
     from .restarts import recorded_run, supervise
     return supervise(cfg, lambda c, e: recorded_run(lambda: attempt(c, e)))

@@ -102,10 +102,10 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
         from ..restarts import supervise
         rc = supervise(cfg, attempt)
     else:
-        from ..attempt import PROGRESS_VAR, start_marker
+        from ..attempt import start_watch_env
         # its start watched as train's is (a rank dead before MPI started)
-        with start_marker(cfg.out, bool(setting.hostfile)) as marker:
-            rc = attempt(cfg, {PROGRESS_VAR: marker} if marker else {})[0]
+        with start_watch_env(cfg.out, bool(setting.hostfile)) as watch_env:
+            rc = attempt(cfg, watch_env)[0]
     wall = time.perf_counter() - t0
     if rc == 0 and os.path.exists(summary_path):
         with open(summary_path) as f:
@@ -144,8 +144,8 @@ def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False, star
     ``start_timeout_s``: launch/start_watch.py)."""
     from ...launch.mpiexec import child_env, popen_job, stop_group, wait_job
     from ...launch.start_watch import StartWatch, not_started_message
-    from ..attempt import PROGRESS_VAR, started
-    progress = (extra_env or {}).get(PROGRESS_VAR)
+    from ..attempt import start_file, started
+    mark = start_file(extra_env or {})
     env = child_env()
     env.update(extra_env or {})
     with open(log_path, 'a' if append else 'w') as log:
@@ -158,7 +158,7 @@ def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False, star
         pump = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),
                                 daemon=True)
         pump.start()
-        watch = StartWatch(proc, (lambda: started(progress)) if progress else None,
+        watch = StartWatch(proc, (lambda: started(mark)) if mark else None,
                            start_timeout_s, lambda: stop_group(proc)).start()
         try:
             rc = wait_job(proc, timeout)
