@@ -38,6 +38,40 @@ def test_predictions_and_table():
     assert 'sim/meas' in text and '(within 10%: all)' in text
 
 
+def test_predictions_with_the_hosts_cpu_by_hand():
+    """The run's calibration: 2 cores on the machine, so each of 2 emulated hosts has
+    one for its 2 ranks; 1 ns per byte to sum, to copy and for TCP."""
+    res = _result()
+    res['cpu'] = dict(cores=2, sum_s_per_byte=1e-9, copy_s_per_byte=1e-9, tcp_s_per_byte=1e-9)
+    n = 4 << 20
+    link = 2 * 2e-5 + n / (25e6 * 1448 / 1514.0)
+    # each rank sums (copies) N/2 within the host, both on one core: 4.19 ms, slower
+    # than the 2 ms measured; each sums half its N/2 shard between the hosts: 2.10 ms
+    host = 2 * 0.5 * n * 1e-9
+    sums = 2 * 0.25 * n * 1e-9
+    pred = predictions(res, res['rows'][0])
+    assert pred['rsag'] == pytest.approx(host + link + sums + host)
+    assert pred['flat'] == pred['rsag']
+    # 4 pieces of 1 MiB: one piece's phases and sums outside the link
+    assert pred['started'] == pytest.approx((2 * host + sums) / 4 + link)
+    # leader: the local ranks 0 alone sum half of N between the hosts, on one core
+    assert pred['leader'] == pytest.approx(0.008 + link + 0.5 * n * 1e-9)
+    bare = predictions(res, res['rows'][0], cpu=None)
+    assert bare['rsag'] == pytest.approx(0.004 + link)
+    text = format_table(res)
+    assert 'host CPU (measured here, this process alone): 1 cores per host' in text
+    line = [x for x in text.splitlines() if ' rsag ' in x and '4 MB' in x][-1]
+    assert line.split()[4] == '%.1f' % (1e3 * (2 * host + sums - 0.004))   # cpu ms
+
+
+def test_local_cpu_costs_are_small_and_positive():
+    from theanompi_ext.bench.hosts import local_cpu_costs
+    c = local_cpu_costs(1 << 20, reps=2)
+    # any machine sums, copies and moves a byte through loopback TCP in 0.001-100 ns
+    for k in ('sum_s_per_byte', 'copy_s_per_byte', 'tcp_s_per_byte'):
+        assert 1e-12 < c[k] < 1e-7, (k, c[k])
+
+
 @pytest.mark.root
 def test_a_short_run_on_emulated_hosts():
     from theanompi_ext.launch.emulated_hosts import hosts_problem
@@ -50,6 +84,7 @@ def test_a_short_run_on_emulated_hosts():
     assert res.returncode == 0, res.stdout + res.stderr
     assert 'allreduce on 2 emulated hosts x 2 ranks, 1gbit links' in res.stdout
     assert '256 KB' in res.stdout and 'sim/meas' in res.stdout
+    assert 'host CPU (measured here, this process alone): 1 cores per host' in res.stdout
     # the links' counters, read from each host's namespace after the run
     assert 'links during the run' in res.stdout and 'tmxh1: ' in res.stdout
 

@@ -419,6 +419,64 @@ def test_slowest_rank_gaps_and_buckets_of_a_timeline():
         piece_seconds(tr, 'update')
 
 
+def test_host_cores_serialise_the_ranks_work_by_hand():
+    from theanompi_ext.simulate.host import (HostCPU, emulated_cores_per_host,
+                                             machine_cores, serialised)
+    import os
+    assert serialised(1e-3, 2, 8) == approx(1e-3)       # a core each: side by side
+    assert serialised(1e-3, 4, 2) == approx(2e-3)       # 4 ms of work on 2 cores
+    assert serialised(1e-3, 1, 0.5) == approx(2e-3)     # half a core
+    assert emulated_cores_per_host(2, 2) == 1.0 and emulated_cores_per_host(4, 2) == 0.5
+    assert machine_cores() == os.cpu_count() and HostCPU().cores == os.cpu_count()
+    # 2 ranks on a host of 1 core, 1 ns to sum a byte, 0.5 to copy, 2 for TCP; N = 8 MB
+    cpu = HostCPU(cores=1, sum_s_per_byte=1e-9, copy_s_per_byte=0.5e-9, tcp_s_per_byte=2e-9)
+    n = 8e6
+    assert cpu.host_reduce(n, 2) == approx(2 * 4e6 * 1e-9)      # each sums N/2: 8 ms
+    assert cpu.host_copy(n, 2) == approx(2 * 4e6 * 0.5e-9)      # each copies N/2: 4 ms
+    # 2 hosts: each rank sums half its 4 MB shard, both on the one core
+    assert cpu.cross_reduce(n, 2, 2) == approx(2 * 2e6 * 1e-9)  # 4 ms
+    # ... and sends 4 MB (its shard's halves, out and back) at 2 ns a byte (both ends'
+    # kernel work, as the loopback calibration counts it): 8 ms per rank, both on 1 core
+    assert cpu.cross_tcp(n, 2, 2) == approx(2 * 4e6 * 2e-9)     # 16 ms
+    for bad in (dict(cores=0), dict(sum_s_per_byte=-1.0), dict(tcp_s_per_byte=float('inf'))):
+        with pytest.raises(ValueError):
+            HostCPU(**bad)
+    with pytest.raises(ValueError, match='CPU time'):
+        serialised(-1.0, 2, 2)
+
+
+def test_two_level_with_the_hosts_cpu_by_hand():
+    """2 hosts x 2 ranks, N = 8 MB, 25 MB/s between hosts, 1 GB/s within, no latency;
+    the host's CPU as above (1 core: sum 8 ms, copy 4 ms, sums across 4 ms, TCP 16 ms)."""
+    from theanompi_ext.simulate.host import HostCPU
+    from theanompi_ext.simulate.network import two_level_allreduce
+    n, bw = 8e6, 25e6
+    cpu = HostCPU(cores=1, sum_s_per_byte=1e-9, copy_s_per_byte=0.5e-9, tcp_s_per_byte=2e-9)
+    link = n / bw                                     # 0.32 s: N/2 at bw/2
+    # within the host 1 GB/s gives 4 ms per phase: the reduce-scatter's sums (8 ms)
+    # are slower, the allgather's copies (4 ms) not; the link (320 ms) beats TCP's 16
+    want = 0.008 + link + 0.004 + 0.004
+    assert two_level_allreduce(n, 2, 2, 0.0, bw, 0.0, 1e9, cpu=cpu) == approx(want)
+    assert two_level_allreduce(n, 2, 2, 0.0, bw, 0.0, 1e9) == approx(0.004 + link + 0.004)
+    # 4 pieces: one piece's phases (2 + 1 ms) and one piece's sums across (1 ms) outside
+    assert two_level_allreduce(n, 2, 2, 0.0, bw, 0.0, 1e9, pieces=4, cpu=cpu) == approx(
+        0.002 + 0.001 + link + 0.001)
+    # a link fast enough that the host's CPU is the bottleneck: 10 GB/s, the link 1.6 ms;
+    # in pieces all the CPU work (8 + 4 + 4 + TCP's 16 ms) shares the one core
+    assert two_level_allreduce(n, 2, 2, 0.0, 10e9, 0.0, 1e9, pieces=4, cpu=cpu) == approx(
+        0.003 + 0.032)
+    # ... in one piece the link phase is TCP's 16 ms
+    assert two_level_allreduce(n, 2, 2, 0.0, 10e9, 0.0, 1e9, cpu=cpu) == approx(
+        0.008 + 0.016 + 0.004 + 0.004)
+    # two cores per host: nothing waits for another rank
+    two = HostCPU(cores=2, sum_s_per_byte=1e-9, copy_s_per_byte=0.5e-9)
+    assert two_level_allreduce(n, 2, 2, 0.0, bw, 0.0, 1e9, cpu=two) == approx(
+        0.004 + link + 0.002 + 0.004)
+    net = Network(algorithm='two-level', alpha=0.0, bandwidth=bw, intra_alpha=0.0,
+                  intra_bandwidth=1e9, gpus_per_node=2, cpu=cpu)
+    assert net.allreduce(n, 4) == approx(want)
+
+
 def test_two_level_16mb_with_timeouts_by_hand():
     """2 hosts x 2 ranks, 16 MiB, 200 Mbit/s shaped at 1448/1514 of payload, 31 us
     between hosts, the host's reduce-scatter 8 ms, 16 pieces: the link's 16 MiB

@@ -25,8 +25,11 @@ ranks placed host by host (its first log2 R steps stay in the host, the
 rest cross with R flows per link: the bytes and phases of ``rsag``),
 ``rsag`` and ``started`` as ``two-level`` (``started`` with its pieces),
 ``leader`` as a reduce and a broadcast within the host (two reduce-scatters'
-time each) around ``rhd`` between hosts. The second table holds each
-prediction against the measurement: the target is within 10%.
+time each) around ``rhd`` between hosts; with each emulated host's share of
+this machine's cores and per-byte costs of a sum, a copy and TCP measured
+here before the ranks start (:func:`local_cpu_costs`; simulate/host.py's
+``HostCPU``). The second table holds each prediction against the
+measurement: the target is within 10%.
 
 Each time is the median over ``--reps`` blocks of the slower rank's time per
 call. Against two bounds, from the link rate B alone (bytes across a host's
@@ -95,6 +98,7 @@ def main(args):
         return EXIT_BAD_INPUT
     spec = dict(sizes=sizes, reps=args.reps, wire_dtype=args.wire_dtype,
                 pieces_kb=[int(k) for k in args.pieces_kb.split(',') if k])
+    cpu_costs = local_cpu_costs()       # before the ranks run: this process alone
     try:
         with EmulatedHosts(args.hosts, args.ranks_per_host, args.rate, args.delay) as eh:
             res = run_on_hosts(eh, spec, args.timeout)
@@ -104,7 +108,7 @@ def main(args):
         sys.stderr.write('theanompi-ext bench hosts: %s\n' % exc)
         return EXIT_CHECK_FAILED
     res.update(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=args.rate,
-               delay=args.delay, rate_Bps=rate_Bps)
+               delay=args.delay, rate_Bps=rate_Bps, cpu=dict(cpu_costs, cores=os.cpu_count()))
     print(format_table(res))
     if args.json:
         write_json(args.json, res, 'the results', indent=1)
@@ -137,6 +141,64 @@ def bounds(nbytes, hosts, ranks, rate_Bps, wire='float32'):
     s = nbytes / (2.0 if wire != 'float32' else 1.0)
     p = hosts * ranks
     return 2.0 * (hosts - 1) / hosts * s / rate_Bps, 2.0 * (p - 1) / p * s / rate_Bps
+
+
+CALIBRATION_BYTES = 16 << 20
+
+
+def local_cpu_costs(nbytes=CALIBRATION_BYTES, reps=5):
+    """Per-byte CPU seconds on this machine, measured here in one process (not from
+    the allreduce): a float32 sum into a buffer (numpy's, as MPI's reduction loop),
+    a copy, and TCP over loopback (this process's CPU time, both ends' threads and
+    kernel work, per byte sent). The least of ``reps`` (the work's own cost: the
+    contention is the model's part, and other jobs' load only adds to a time);
+    buffers of ``nbytes``, beyond the caches like the exchange's. Under 0.1 s."""
+    import socket
+    import threading
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones(nbytes // 4, np.float32)
+
+    def per_byte(fn, clock=time.perf_counter):
+        fn()                                                # pages in
+        times = []
+        for _ in range(reps):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+        return min(times) / nbytes
+
+    def tcp_once():
+        srv = socket.create_server(('127.0.0.1', 0))
+        out = socket.create_connection(srv.getsockname())
+        inn = srv.accept()[0]
+        view = memoryview(b).cast('B')
+
+        def drain():
+            sink = bytearray(1 << 20)
+            got = 0
+            while got < nbytes:
+                got += inn.recv_into(sink) or nbytes
+        t = threading.Thread(target=drain)
+        t.start()
+        out.sendall(view)
+        t.join()
+        for sk in (out, inn, srv):
+            sk.close()
+    return dict(sum_s_per_byte=per_byte(lambda: np.add(a, b, out=a)),
+                copy_s_per_byte=per_byte(lambda: np.copyto(a, b)),
+                tcp_s_per_byte=per_byte(tcp_once, time.process_time))
+
+
+def host_cpu(res):
+    """The :class:`~theanompi_ext.simulate.host.HostCPU` of one emulated host of run
+    ``res``: its share of the machine's cores (all hosts on one machine) and the
+    run's per-byte costs; None for a run without them."""
+    from ..simulate.host import HostCPU, emulated_cores_per_host
+    c = res.get('cpu')
+    if not c:
+        return None
+    return HostCPU(emulated_cores_per_host(res['hosts'], c['cores']), c['sum_s_per_byte'],
+                   c['copy_s_per_byte'], c['tcp_s_per_byte'])
 
 
 def format_table(res):
@@ -176,10 +238,13 @@ def format_table(res):
     return '\n'.join(lines)
 
 
-def predictions(res, row):
-    """``{method: predicted seconds}`` for the float32 methods of ``row``."""
+def predictions(res, row, cpu='run'):
+    """``{method: predicted seconds}`` for the float32 methods of ``row``; ``cpu``: the
+    host's :class:`~theanompi_ext.simulate.host.HostCPU`, by default the run's
+    (:func:`host_cpu`), None for the link terms alone."""
     from ..collective.two_level import MAX_PIECES, PIECE_BYTES
-    from ..simulate.network import rhd_allreduce, tcp_payload_share, two_level_allreduce
+    from ..simulate.network import tcp_payload_share, two_level_allreduce
+    cpu = host_cpu(res) if cpu == 'run' else cpu
     h, g, n = res['hosts'], res['ranks_per_host'], row['bytes']
     bw = res['rate_Bps'] * tcp_payload_share(res.get('mtu', 1500))
     alpha = res['alpha_s']
@@ -188,9 +253,11 @@ def predictions(res, row):
     ibw = (g - 1.0) / g * n / scatter if g > 1 and scatter > 0 else 1e30
 
     def two(pieces):
-        return two_level_allreduce(n, h, g, alpha, bw, 0.0, ibw, pieces)
+        return two_level_allreduce(n, h, g, alpha, bw, 0.0, ibw, pieces, cpu)
+    # leader: a reduce and a bcast within the host (two reduce-scatters' time each)
+    # around an allreduce of N among the hosts' local ranks 0 (one rank per host)
     out = {'flat': two(1), 'rsag': two(1),
-           'leader': 4 * scatter + rhd_allreduce(n, h, alpha, bw),
+           'leader': 4 * scatter + two_level_allreduce(n, h, 1, alpha, bw, 0.0, 1e30, 1, cpu),
            'started': two(max(1, min(n // PIECE_BYTES, MAX_PIECES)))}
     for m in res['methods']:
         if m.startswith('rsag-') and m.endswith('k') and not m.endswith('-wire'):
@@ -210,17 +277,27 @@ def format_predictions(res):
     lines = ['simulator (simulate/network.py) vs measured: link %.1f MB/s payload, latency '
              '%.0f us between hosts (measured)' % (
                  res['rate_Bps'] * _payload(res) / 1e6, 1e6 * res['alpha_s']),
-             '%8s %-12s %9s %9s %7s %6s %11s' % ('size', 'method', 'sim ms', 'meas ms',
-                                                 'sim/meas', 'RTOs', 'sim+rto/meas')]
+             '%8s %-12s %9s %7s %9s %7s %6s %11s' % ('size', 'method', 'sim ms', 'cpu ms',
+                                                     'meas ms', 'sim/meas', 'RTOs',
+                                                     'sim+rto/meas')]
+    cpu = host_cpu(res)
+    if cpu:
+        c = res['cpu']
+        lines.insert(1, 'host CPU (measured here, this process alone): %g cores per host '
+                        '(%d on the machine / %d hosts); sum %.3f, copy %.3f, TCP %.3f '
+                        'ns/byte; cpu ms = what the host\'s CPU adds' % (
+                            cpu.cores, c['cores'], res['hosts'], 1e9 * c['sum_s_per_byte'],
+                            1e9 * c['copy_s_per_byte'], 1e9 * c['tcp_s_per_byte']))
     misses, rto_misses = [], []
     for r in res['rows']:
-        for m, t in predictions(res, r).items():
+        bare = predictions(res, r, cpu=None)
+        for m, t in predictions(res, r, cpu).items():
             if m not in r:
                 continue
             ratio = t / r[m]
             lost = r.get(m + '_timeouts')
-            line = '%8s %-12s %9.1f %9.1f %7.3f' % (format_size(r['bytes']), m, 1e3 * t,
-                                                     1e3 * r[m], ratio)
+            line = '%8s %-12s %9.1f %7.1f %9.1f %7.3f' % (
+                format_size(r['bytes']), m, 1e3 * t, 1e3 * (t - bare[m]), 1e3 * r[m], ratio)
             if lost is not None:
                 per_block = [with_timeouts(t, n) / b for n, b in zip(lost, r[m + '_all'])]
                 with_rto = float(np.median(per_block))

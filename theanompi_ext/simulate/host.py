@@ -62,3 +62,74 @@ def step_cpu_seconds(wall_s, share, steps, other_s=0.0):
     share = _positive(share, 'CPU share')
     _positive(steps, 'steps')
     return max(0.0, wall_s - other_s) * min(share, 1.0) / steps
+
+
+# -- a host's cores and the exchange's per-byte work (two levels) ----------------------
+
+def machine_cores():
+    """Cores of the machine this runs on (``os.cpu_count()``; 1 if unknown)."""
+    import os
+    return os.cpu_count() or 1
+
+
+def emulated_cores_per_host(hosts, cores=None):
+    """Cores each of ``hosts`` emulated hosts gets when they all run on one machine of
+    ``cores`` (default :func:`machine_cores`): processor sharing, ``cores / hosts``
+    (a fraction where hosts outnumber cores)."""
+    _positive(hosts, 'hosts')
+    return _positive(machine_cores() if cores is None else cores, 'cores') / hosts
+
+
+def serialised(per_rank_s, ranks, cores):
+    """Wall seconds for ``ranks`` ranks of a host each doing ``per_rank_s`` of CPU work
+    at once on the host's ``cores``: the work of all of them, ``ranks * per_rank_s``,
+    spread over ``min(ranks, cores)`` cores (one rank uses one core at most)."""
+    if not (per_rank_s >= 0 and math.isfinite(per_rank_s)):
+        raise ValueError('CPU time must be a finite number >= 0 s, got %r' % (per_rank_s,))
+    ranks, cores = _positive(ranks, 'ranks'), _positive(cores, 'cores')
+    return ranks * per_rank_s / min(ranks, cores)
+
+
+class HostCPU:
+    """A host's compute for the exchange: ``cores`` (default :func:`machine_cores`) and
+    the per-byte CPU seconds of a float32 sum into a buffer (``sum_s_per_byte``: bytes
+    of one operand), of a memcpy (``copy_s_per_byte``) and of TCP moving a byte between
+    hosts, sender's and receiver's kernel work together (``tcp_s_per_byte``)."""
+
+    def __init__(self, cores=None, sum_s_per_byte=0.0, copy_s_per_byte=0.0,
+                 tcp_s_per_byte=0.0):
+        self.cores = _positive(machine_cores() if cores is None else cores, 'cores per host')
+        for name, v in (('sum', sum_s_per_byte), ('copy', copy_s_per_byte),
+                        ('tcp', tcp_s_per_byte)):
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError('%s seconds per byte must be a finite number >= 0, got %r'
+                                 % (name, v))
+        self.sum_s_per_byte = float(sum_s_per_byte)
+        self.copy_s_per_byte = float(copy_s_per_byte)
+        self.tcp_s_per_byte = float(tcp_s_per_byte)
+
+    def __repr__(self):
+        return 'HostCPU(cores=%g, sum=%.3g, copy=%.3g, tcp=%.3g s/B)' % (
+            self.cores, self.sum_s_per_byte, self.copy_s_per_byte, self.tcp_s_per_byte)
+
+    def host_reduce(self, nbytes, g):
+        """Reduce-scatter within the host: each of ``g`` ranks sums ``(g-1)/g N`` bytes."""
+        return serialised((g - 1.0) / g * nbytes * self.sum_s_per_byte, g, self.cores)
+
+    def host_copy(self, nbytes, g):
+        """Allgather within the host: each of ``g`` ranks copies in ``(g-1)/g N`` bytes."""
+        return serialised((g - 1.0) / g * nbytes * self.copy_s_per_byte, g, self.cores)
+
+    def cross_reduce(self, nbytes, hosts, g):
+        """The sums of the allreduce between hosts: each of ``g`` ranks sums ``(H-1)/H``
+        of its ``N/g`` shard, each step's sum before the next step can send (the link
+        waits for them)."""
+        return serialised((hosts - 1.0) / hosts * nbytes / g * self.sum_s_per_byte, g,
+                          self.cores)
+
+    def cross_tcp(self, nbytes, hosts, g):
+        """TCP's work for the allreduce between hosts: each of ``g`` ranks sends and
+        receives ``2 (H-1)/H`` of its ``N/g`` shard (rhd). Runs while bytes are on the
+        link: it costs time only where it is slower than the link."""
+        return serialised(2.0 * (hosts - 1.0) / hosts * nbytes / g * self.tcp_s_per_byte,
+                          g, self.cores)

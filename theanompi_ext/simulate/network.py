@@ -41,7 +41,10 @@ Formulas, for ``p`` ranks and ``N`` bytes (Thakur, Rabenseifner & Gropp
     allgather within the host, as the reduce-scatter. Cut into ``pieces``
     whose phases overlap, the link's phase runs while the host's run, and
     only one piece's reduce-scatter and allgather stay outside it:
-    ``2 intra(N/pieces) + max(inter(N), 2 intra(N))``.
+    ``2 intra(N/pieces) + max(inter(N), 2 intra(N))``. With a host's CPU
+    (``Network.cpu``, simulate/host.py's ``HostCPU``): the ranks' sums, copies
+    and TCP work serialised over ``min(G, cores)`` cores of the host, where
+    ranks outnumber cores (see ``two_level_allreduce``).
 
 The flat algorithms (``ring``, ``rhd``) use the intra-node link while all
 ``k`` ranks fit in one server and the inter-node link otherwise: every step
@@ -124,17 +127,41 @@ def host_scatter(nbytes, g, alpha, bw):
     return (g - 1) * alpha + (g - 1.0) / g * nbytes / bw
 
 
-def two_level_allreduce(nbytes, hosts, g, alpha, bw, intra_alpha, intra_bw, pieces=1):
+def two_level_allreduce(nbytes, hosts, g, alpha, bw, intra_alpha, intra_bw, pieces=1,
+                        cpu=None):
     """Seconds for the two-level ``rsag`` allreduce of ``nbytes``: ``hosts`` hosts of
     ``g`` ranks, inter-host link ``(alpha, bw)`` per host, the host's own
-    ``(intra_alpha, intra_bw)``; ``pieces`` > 1 overlaps the phases (module doc)."""
+    ``(intra_alpha, intra_bw)``; ``pieces`` > 1 overlaps the phases (module doc).
+
+    ``cpu`` (a :class:`~theanompi_ext.simulate.host.HostCPU`): the host's cores and
+    per-byte costs. Then each phase within the host takes the longer of its link
+    term and its CPU work (sums, copies) serialised over ``min(g, cores)`` cores,
+    the phase between hosts the longer of the link and TCP's work, plus the sums
+    between its steps (the link waits for them). In pieces the host's CPU work
+    overlaps the link, but all of it shares the cores: ``rs(N/p) + ag(N/p) +
+    max(link(N) + sums(N/p), rs(N) + ag(N) + sums(N) + tcp(N))``."""
     hosts, pieces = _check_ranks(hosts), _check_ranks(pieces)
+    g = _check_ranks(g)
+
+    def rs(n):                  # reduce-scatter within the host
+        t = host_scatter(n, g, intra_alpha, intra_bw)
+        return max(t, cpu.host_reduce(n, g)) if cpu else t
+
+    def ag(n):                  # allgather within the host
+        t = host_scatter(n, g, intra_alpha, intra_bw)
+        return max(t, cpu.host_copy(n, g)) if cpu else t
+
+    def sums(n):                # the sums between the steps across hosts
+        return cpu.cross_reduce(n, hosts, g) if cpu and hosts > 1 else 0.0
+
     # the g shard allreduces share the host's link: N/g bytes each at bw/g
     inter = rhd_allreduce(float(nbytes) / g, hosts, alpha, float(bw) / g)
+    tcp = cpu.cross_tcp(nbytes, hosts, g) if cpu and hosts > 1 else 0.0
     if pieces == 1:
-        return 2 * host_scatter(nbytes, g, intra_alpha, intra_bw) + inter
-    return (2 * host_scatter(float(nbytes) / pieces, g, intra_alpha, intra_bw)
-            + max(inter, 2 * host_scatter(nbytes, g, intra_alpha, intra_bw)))
+        return rs(nbytes) + max(inter, tcp) + sums(nbytes) + ag(nbytes)
+    n = float(nbytes) / pieces
+    return rs(n) + ag(n) + max(inter + sums(n),
+                               rs(nbytes) + ag(nbytes) + sums(nbytes) + tcp)
 
 
 def tcp_payload_share(mtu=1500):
@@ -175,6 +202,7 @@ class Network:
     intra_bandwidth: float = 160e9 / 8
     gpus_per_node: int = 8
     pieces: int = 1          # two-level: parts whose phases overlap
+    cpu: object = None       # two-level: a simulate.host.HostCPU (cores, per-byte costs)
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -228,7 +256,8 @@ class Network:
         if self.algorithm == 'two-level':
             g = min(self.gpus_per_node, k)
             return two_level_allreduce(nbytes, k // g, g, self.alpha, self.bandwidth,
-                                       self.intra_alpha, self.intra_bandwidth, self.pieces)
+                                       self.intra_alpha, self.intra_bandwidth, self.pieces,
+                                       self.cpu)
         if self.algorithm == 'hierarchical':
             g = min(self.gpus_per_node, k)
             nodes = k // g
