@@ -386,8 +386,10 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         notes = read_rank_notes(folder)
         if after_abort.fired:
             message, status = after_abort.message(size, notes)
-            _last_words(gate, message)
-            return status
+            if report.peer_lost is None:
+                _last_words(gate, message)
+                return status
+            # the abort was Open MPI's own, of a rank that lost a peer: told below
         message, status = explain(status, report, notes, size, first_exit=watch.first())
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile)
