@@ -32,6 +32,17 @@ Please see the FAQ page for debugging suggestions
 """
 
 
+# captured: Open MPI 5.0.11's prterun, rank 1 on emulated host tmxh1 SIGSTOPped, rank 0's
+# watchdog aborted the job: its standard error
+OPENMPI_ABORTED = b"""--------------------------------------------------------------------------
+prterun has exited due to process rank 0 with PID 0 on node tmxh0 calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+--------------------------------------------------------------------------
+[vm:13009] PMIX ERROR: PMIX_ERR_NOT_FOUND in file /openmpi-5.0.11/3rd-party/prrte/src/prted/pmix/pmix_server.c at line 1747
+"""
+
+
 def _run(lines, gate, *reports):
     dest = io.StringIO()
     _pass_through(io.BytesIO(lines), dest, gate, *reports)
@@ -68,3 +79,17 @@ def test_a_dead_rank_keeps_hydras_report_but_not_its_trail(monkeypatch):
     gate = EndingFilter()
     gate.begin(banner=True)
     assert _run(HYDRA_STOPPED, gate) == HYDRA_STOPPED.decode()
+
+
+def test_open_mpis_line_after_an_abort_is_held(capsys):
+    """A rank's MPI_Abort (its own message says why) begins the end: prterun's report
+    passes, its PMIx error line after it is held and told before nothing else."""
+    gate, report = EndingFilter(), LauncherReport()
+    shown = _run(OPENMPI_ABORTED, gate, report)
+    assert report.aborted == (0, 'tmxh0', None) and 'calling\n"abort"' in shown
+    assert 'PMIX' not in shown and len(gate.held) == 1
+    _last_words(gate, None)
+    assert capsys.readouterr().err.splitlines() == [
+        "theanompi-ext: 1 line of mpiexec's own while the job ended not shown (the last: "
+        "PMIX ERROR: PMIX_ERR_NOT_FOUND in file /openmpi-5.0.11/3rd-party/prrte/src/prted/"
+        "pmix/pmix_server.c at line 1747; THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN=1 shows them)"]

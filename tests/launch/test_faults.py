@@ -284,6 +284,19 @@ exiting improperly. There are three reasons this could occur:
 """
 
 
+OPENMPI_ABORT = b"""--------------------------------------------------------------------------
+MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD
+  Proc: [[44865,1],0]
+  Errorcode: 4
+
+NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+prterun has exited due to process rank 0 with PID 0 on node tmxh0 calling
+"abort". This may have caused other processes in the application to be
+"""
+
+
 def _report(text):
     from theanompi_ext.launch.postmortem import LauncherReport
     rep = LauncherReport()
@@ -314,6 +327,34 @@ def test_openmpi_report_is_told_like_hydras():
         r'.*; the run is incomplete \(exit status 3\)', msg), msg
     # a rank that had finished training: nothing to add to Open MPI's status
     assert explain(1, rep, {**notes, 1: (13736, 'h', 'done 0')}, 2) == (None, 1)
+
+
+def test_openmpi_abort_then_a_mpiexec_that_does_not_end_is_stopped():
+    """prterun reports a rank's MPI_Abort, then waits for ever for a host it cannot
+    reach: AfterAbort stops it and the status is the rank's, its host named."""
+    import time
+    from theanompi_ext.launch.postmortem import AfterAbort
+    rep = _report(OPENMPI_ABORT)
+    assert rep.aborted == (0, 'tmxh0', 4) and rep.pid is None
+    assert _report(OPENMPI_SIGNAL).aborted is None
+    proc = subprocess.Popen(['sleep', '30'])
+    stopped = []
+    watch = AfterAbort(proc, rep, lambda: stopped.append(proc.kill()), wait_s=0.2,
+                       interval=0.01)
+    t0 = time.monotonic()
+    watch.start()
+    watch.join(10)
+    proc.wait()
+    assert watch.fired and stopped and 0.2 <= time.monotonic() - t0 < 5
+    msg, status = watch.message(2, {0: (13105, 'tmxh0', 'running')})
+    assert status == 4 and msg.startswith('theanompi-ext: rank 0 of 2 (pid 13105 on tmxh0) '
+                                          'aborted the job; mpiexec had not ended'), msg
+    # a mpiexec that ends by itself is left alone
+    quick = subprocess.Popen(['true'])
+    watch = AfterAbort(quick, rep, lambda: stopped.append('again'), wait_s=5, interval=0.01)
+    watch.start()
+    watch.join(10)
+    assert not watch.fired and stopped == [None]
 
 
 def test_exit_order_sees_which_rank_exited_first(tmp_path):

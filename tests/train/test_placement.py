@@ -58,3 +58,20 @@ def test_mpi_abort_that_never_returns_ends_the_rank():
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, '-c', code], timeout=20)
     assert res.returncode == 4 and time.monotonic() - t0 < 10
+
+
+def test_mpi_abort_that_returns_at_once_still_ends_the_daemon():
+    """Open MPI's MPI_Abort ends the rank at once while its daemon (prted) may wait for
+    an unreachable launcher for ever: the daemon is SIGKILLed ``alone_s`` later."""
+    rank = ('import os\nfrom theanompi_ext.collective.abort_alone import abort\n'
+            'abort(lambda c: os._exit(c), 4, alone_s=0.5)\n')
+    # the parent calls itself prted (its comm), starts the rank, then waits for ever
+    daemon = ('import ctypes, subprocess, sys, time\n'
+              'ctypes.CDLL(None).prctl(15, b"prted", 0, 0, 0)\n'
+              'print(subprocess.call([sys.executable, "-c", %r]), flush=True)\n'
+              'time.sleep(30)\n' % rank)
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, '-c', daemon], timeout=20, capture_output=True,
+                         text=True)
+    assert res.stdout.strip() == '4' and res.returncode == -9, res
+    assert time.monotonic() - t0 < 10

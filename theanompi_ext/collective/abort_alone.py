@@ -8,9 +8,17 @@ the cut-off host and its proxy then stayed alive until the link came back.
 :data:`ABORT_ALONE_S` seconds later, it ends its MPI daemon parent (the
 proxy, which would otherwise wait for the launcher forever) and itself, with
 the status it was aborting with.
+
+Open MPI's ``MPI_Abort`` does not wait: it tells this host's ``prted`` and
+ends the rank at once, and that daemon then waits for the launcher forever
+(measured, Open MPI 5.0.11 on emulated hosts, the link cut: the far host's
+``prted`` stayed until the link came back). So the daemon is also watched
+from a process of its own (:func:`watch_daemon`), which outlives the rank.
 """
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 #: Seconds MPI_Abort gets before the rank ends itself and its daemon.
@@ -39,9 +47,48 @@ def end_alone(code):
     os._exit(code)
 
 
+#: The watcher of :func:`watch_daemon` (``python -S -c``): argv PID SECONDS.
+_WATCH = r'''
+import os, signal, sys, time
+pid, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+def alive():
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
+    except (OSError, IndexError):
+        return False
+while alive() and time.monotonic() < end:
+    time.sleep(0.1)
+if alive():
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+'''
+
+
+def watch_daemon(alone_s=ABORT_ALONE_S):
+    """If this rank's parent is an MPI daemon, start a process (a session of its
+    own, no file of ours open) that SIGKILLs it if it is still alive ``alone_s``
+    seconds from now and otherwise ends as soon as it has gone; returns that
+    process, or None."""
+    ppid = os.getppid()
+    if _parent_name(ppid) not in MPI_DAEMONS:
+        return None
+    try:
+        return subprocess.Popen([sys.executable, '-S', '-E', '-c', _WATCH, str(ppid),
+                                 str(alone_s)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True, start_new_session=True)
+    except OSError:
+        return None        # the timer below still covers an MPI_Abort that waits
+
+
 def abort(mpi_abort, code, alone_s=ABORT_ALONE_S):
     """``mpi_abort(code)``, and :func:`end_alone` if it has not ended this process
-    within ``alone_s`` seconds."""
+    within ``alone_s`` seconds; this rank's MPI daemon ends within ``alone_s``
+    seconds in any case (:func:`watch_daemon`)."""
+    watch_daemon(alone_s)
     timer = threading.Timer(alone_s, end_alone, (code,))
     timer.daemon = True
     timer.start()

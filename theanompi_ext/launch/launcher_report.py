@@ -33,6 +33,18 @@ emulated hosts; prterun then names only the aborting rank)::
 
 :attr:`LauncherReport.peer_lost` keeps ``(peer host, local host)``.
 
+A rank that called ``MPI_Abort`` (the watchdog's status 4, a failed rank's 3)::
+
+    MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD
+      Proc: [[44865,1],0]
+      Errorcode: 4
+    ...
+    prterun has exited due to process rank 0 with PID 0 on node tmxh0 calling
+    "abort". ...
+
+:attr:`LauncherReport.aborted` keeps ``(rank, host, code)``; prterun may still
+be waiting for a host it cannot reach (``launch/postmortem.py`` ends it).
+
 Open MPI's own exit status for a rank killed by signal N is 128 + N where
 hydra's is N; :attr:`LauncherReport.signal` lets the launcher give the same
 status under both (``theanompi_ext/errors.py``).
@@ -47,6 +59,8 @@ _HYDRA_SIGNAL = re.compile(r'\(signal (\d+)\)')
 _OMPI_PROCESS = rb'process rank (\d+) with PID (\d+) on node (\S+) '
 _OMPI_SIGNAL = re.compile(_OMPI_PROCESS + rb'exited on signal (\d+) \(([^)]*)\)')
 _OMPI_IMPROPER = re.compile(_OMPI_PROCESS + rb'exiting improperly')
+_OMPI_ABORT = re.compile(_OMPI_PROCESS + rb'calling "abort"')
+_OMPI_ERRORCODE = re.compile(rb'^\s*Errorcode:\s+(-?\d+)')
 _OMPI_DISCONNECTED = re.compile(rb'peer process has unexpectedly disconnected')
 _OMPI_LOCAL_HOST = re.compile(rb'^\s*Local host:\s+(\S+)')
 _OMPI_PEER_HOST = re.compile(rb'^\s*Peer host:\s+(\S+)')
@@ -67,14 +81,17 @@ class LauncherReport(object):
     (signal 9)``, Open MPI's turned into them); ``signal``: the signal that
     killed it, if one did; ``unfinished``: it ended without finalizing MPI
     (Open MPI's "exiting improperly"); ``peer_lost``: ``(host, seen from host)`` of
-    a rank whose connection closed under another (Open MPI), or None.
+    a rank whose connection closed under another (Open MPI), or None;
+    ``aborted``: ``(rank, host, code)`` of a rank that called ``MPI_Abort``
+    (Open MPI; ``code`` None if its ``Errorcode`` line was not seen), or None.
     """
 
     def __init__(self):
         self.pid = self.host = self.rank = self.code = self.exit_string = None
         self.signal = None
         self.unfinished = False
-        self.peer_lost = None
+        self.peer_lost = self.aborted = None
+        self._abort_code = None
         self._disconnected, self._local_host = False, None
         self._window = []
 
@@ -83,8 +100,16 @@ class LauncherReport(object):
         self._feed_hydra(line)
         self._feed_disconnect(line)
         self._window = (self._window + [line.strip()])[-_OMPI_WINDOW:]
+        m = _OMPI_ERRORCODE.search(line)
+        if m and self._abort_code is None:
+            self._abort_code = int(m.group(1))
+        text = b' '.join(self._window)
+        if self.aborted is None:
+            m = _OMPI_ABORT.search(text)
+            if m:
+                self.aborted = (int(m.group(1)), _text(m.group(3)), self._abort_code)
         if self.pid is None:
-            self._feed_openmpi(b' '.join(self._window))
+            self._feed_openmpi(text)
 
     def _feed_hydra(self, line):
         m = _HYDRA_PID.search(line)

@@ -35,6 +35,11 @@ STOP_GRACE_S = 3.0
 HYDRA_LAUNCHER_ERROR = 255
 #: Seconds the copy of mpiexec's standard error gets to finish after a stop.
 STOP_JOIN_S = 2.0
+#: Seconds Open MPI's mpiexec gets to end after reporting a rank's MPI_Abort; it
+#: waits forever for a host it cannot reach (a cut link), so it is then stopped.
+AFTER_ABORT_S = 3.0
+#: The grace of that stop: the ranks of this host have ended already.
+AFTER_ABORT_GRACE_S = 1.0
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -263,6 +268,39 @@ def stop_job(proc, notes_folder, grace=STOP_GRACE_S, openmpi=False):
     proc.wait()
 
 
+class AfterAbort(threading.Thread):
+    """Stops mpiexec ``proc`` (``stop()``) when it is still running ``wait_s``
+    seconds after ``report`` (a :class:`~.launcher_report.LauncherReport`) saw a
+    rank's ``MPI_Abort`` (Open MPI: prterun reports it, then waits for every
+    host's daemon, for ever if one cannot be reached). ``fired``: it did."""
+
+    def __init__(self, proc, report, stop, wait_s=AFTER_ABORT_S, interval=0.1):
+        super(AfterAbort, self).__init__(name='after-abort', daemon=True)
+        self.proc, self.report, self.stop_job = proc, report, stop
+        self.wait_s, self.interval, self.fired = wait_s, interval, False
+
+    def run(self):
+        seen = None
+        while self.proc.poll() is None:
+            if seen is None and self.report.aborted is not None:
+                seen = time.monotonic()
+            if seen is not None and time.monotonic() - seen > self.wait_s:
+                self.fired = True
+                self.stop_job()
+                return
+            time.sleep(self.interval)
+
+    def message(self, size, notes):
+        """(the launcher's line, exit status) once it has fired: the aborting rank's
+        status (its own message above says why)."""
+        rank, host, code = self.report.aborted
+        status = code if code else EXIT_FAILED
+        pid = notes.get(rank, (0, host, ''))[0]
+        return ('theanompi-ext: rank %d%s (pid %d on %s) aborted the job; mpiexec had not '
+                'ended %.0f s later (a host it cannot reach?) and was stopped (exit status %d)'
+                % (rank, ' of %d' % size if size else '', pid, host, self.wait_s, status)), status
+
+
 def _drain(stream):
     # Keep mpiexec from blocking on a full pipe while it stops.
     threading.Thread(target=lambda: [None for _ in iter(lambda: stream.read(65536), b'')],
@@ -273,12 +311,13 @@ def _pass_through(stream, dest, gate, *reports):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
     line, showing each line to each of ``reports``, except what ``gate`` (an
     :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
-    that died; returns at the end of the stream."""
+    that died or aborted; returns at the end of the stream."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
         for report in reports:
             report.feed(line)
-        if any(getattr(r, 'pid', None) is not None for r in reports):
+        if any(getattr(r, 'pid', None) is not None or getattr(r, 'aborted', None)
+               for r in reports):
             gate.begin()
         if not gate.let(line):
             continue
@@ -321,10 +360,15 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
     proc = start_watch = err_thread = None
+    openmpi = is_openmpi(cmd[0])
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         start_watch = StartWatch(proc, started, start_timeout_s, lambda: stop_job(
-            proc, folder, openmpi=is_openmpi(cmd[0]))).start()
+            proc, folder, openmpi=openmpi)).start()
+        after_abort = AfterAbort(proc, err_report, lambda: stop_job(
+            proc, folder, grace=AFTER_ABORT_GRACE_S, openmpi=openmpi))
+        if openmpi:
+            after_abort.start()
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
                                   args=(proc.stderr, sys.stderr, gate, err_report, launch))
         err_thread.start()
@@ -340,6 +384,12 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             return EXIT_TIMEOUT
         report = out_report if out_report.pid is not None else err_report
         notes = read_rank_notes(folder)
+        if after_abort.fired:
+            message, status = after_abort.message(size, notes)
+            if report.peer_lost is None:
+                _last_words(gate, message)
+                return status
+            # the abort was Open MPI's own, of a rank that lost a peer: told below
         message, status = explain(status, report, notes, size, first_exit=watch.first())
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile)
@@ -357,7 +407,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             start_watch.finish()
         if proc is not None:
             _drain(proc.stdout)
-            stop_job(proc, folder, openmpi=is_openmpi(cmd[0]))
+            stop_job(proc, folder, openmpi=openmpi)
         watch.stop()
         if err_thread is not None:
             err_thread.join(STOP_JOIN_S)   # its last lines before ours, not after
