@@ -45,7 +45,7 @@ def test_a_stop_signal_leaves_the_launchers_line_last(capsys):
     shown = _run(b'rank 0: stopping\n' + HYDRA_STOPPED + HYDRA_BANNER, gate)
     assert shown == 'rank 0: stopping\n\n'                   # the ranks' own lines pass
     _last_words(gate, 'theanompi-ext: stopped by SIGTERM: every rank of the job ended '
-                      '(exit status 143)')
+                      '(exit status 143)', sys.stderr)
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "theanompi-ext: 17 lines of mpiexec's own while the job ended not shown (the last: "
