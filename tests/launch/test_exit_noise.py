@@ -68,3 +68,19 @@ def test_a_dead_rank_keeps_hydras_report_but_not_its_trail(monkeypatch):
     gate = EndingFilter()
     gate.begin(banner=True)
     assert _run(HYDRA_STOPPED, gate) == HYDRA_STOPPED.decode()
+
+
+def test_the_launchers_line_starts_a_line_of_its_own():
+    # measured under Open MPI: rank 0's progress line, rewritten in place, was the last
+    # line passed when rank 1 died; the explanation must not be glued to it
+    shown, dest = [], io.StringIO()
+    _pass_through(io.BytesIO(b'plan\nprogress: it 1/44\r\x1b[K'), dest, EndingFilter(),
+                  shown=shown)
+    err = io.StringIO()
+    _last_words(EndingFilter(), 'theanompi-ext: rank 1 of 2 (pid 7 on h) died', err,
+                shown=shown)
+    assert (dest.getvalue() + err.getvalue()).splitlines()[-1] == \
+        'theanompi-ext: rank 1 of 2 (pid 7 on h) died'
+    err = io.StringIO()
+    _last_words(EndingFilter(), 'theanompi-ext: done', err, shown=[b'a line\n'])
+    assert err.getvalue() == 'theanompi-ext: done\n'         # no blank line added

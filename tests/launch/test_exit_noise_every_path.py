@@ -1,7 +1,8 @@
 """A rank that dies, on the launch paths other than ``train`` (which tests/launch/
 test_faults.py covers): ``check-equivalence``, ``trials`` and a Theano-MPI session
 started the plain way (``BSP().init``). Each runs 2 real ranks on this host, rank 1
-SIGKILLed after its first iteration (train/attempt.FAULTS_VAR), through
+SIGKILLed after its first iteration (train/attempt.FAULTS_VAR; the smallest models:
+their start-up is most of each test's time), through
 launch/postmortem.run_explained: the launcher's explanation, naming the rank and
 its host, is the last line, after hydra's report; hydra's own bracketed trail never
 follows it. (On one host hydra's only lines are its banner, which is the report;
@@ -44,7 +45,7 @@ def _no_trail(text):
 
 def test_check_equivalence(tmp_path):
     r = _run(['theanompi_ext', 'check-equivalence', '--workers', '2', '--steps', '12',
-              '--subset', '128'], tmp_path)
+              '--subset', '128', '--model', 'mlp'], tmp_path)
     assert r.returncode == 9, r.stdout + r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-2:]
     assert last[0] == 'check-equivalence: the 2-rank run failed (exit 9)', last
@@ -58,7 +59,7 @@ def test_trials(tmp_path):
     out = tmp_path / 'trials'
     r = _run(['theanompi_ext', 'trials', '--runs', '1', '--workers', '2', '--epochs', '1',
               '--batch-per-worker', '16', '--ref-batch', '32', '--warmup-epochs', '0',
-              '--out', str(out)], tmp_path)
+              '--model', 'mlp', '--out', str(out)], tmp_path)
     assert r.returncode == 3, r.stdout + r.stderr[-3000:]
     # the terminal: the run's line ends with the launcher's explanation
     line = [ln for ln in r.stdout.splitlines() if ln.startswith('[1/1] ')][0]

@@ -270,11 +270,12 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _pass_through(stream, dest, gate, *reports):
+def _pass_through(stream, dest, gate, *reports, shown=None):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
     line, showing each line to each of ``reports``, except what ``gate`` (an
     :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
-    that died; returns at the end of the stream."""
+    that died; returns at the end of the stream. ``shown`` (a list): the last
+    line passed is kept in it."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
         for report in reports:
@@ -283,6 +284,8 @@ def _pass_through(stream, dest, gate, *reports):
             gate.begin()
         if not gate.let(line):
             continue
+        if shown is not None:
+            shown[:] = [line]
         if raw is not None:
             raw.write(line)
         else:
@@ -290,12 +293,16 @@ def _pass_through(stream, dest, gate, *reports):
         dest.flush()
 
 
-def _last_words(gate, message, err, heading=None):
+def _last_words(gate, message, err, heading=None, shown=()):
     """Write ``heading`` (the caller's line on the failure, if any), what ``gate``
-    held back, in one line, then ``message``: the launcher's last, on ``err``."""
-    for line in (heading, gate.summary(), message):
-        if line:
-            err.write(line + '\n')
+    held back, in one line, then ``message``: the launcher's last, on ``err``;
+    on a line of their own when the job's last line shown (``shown``) was left
+    open (a rank's progress line, rewritten in place)."""
+    lines = [line for line in (heading, gate.summary(), message) if line]
+    if lines and shown and not shown[-1].endswith(b'\n'):
+        err.write('\n')
+    for line in lines:
+        err.write(line + '\n')
     err.flush()
 
 
@@ -337,13 +344,15 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
     proc = start_watch = time_limit = err_thread = None
+    shown = []          # the last line passed through, of either stream
 
     def stop():
         gate.begin(banner=True)       # what hydra says from now is about our own stop
         stop_job(proc, folder, openmpi=is_openmpi(cmd[0]))
 
     def last_words(status, message):
-        _last_words(gate, message, err, heading(status) if heading and status else None)
+        _last_words(gate, message, err, heading(status) if heading and status else None,
+                    shown)
         return status
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -351,10 +360,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         # the time limit is a start watch whose job never counts as started
         time_limit = StartWatch(proc, lambda: False, timeout, stop).start()
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
-                                      args=(proc.stderr, err, gate, err_report, launch))
+                                      args=(proc.stderr, err, gate, err_report, launch),
+                                      kwargs=dict(shown=shown))
         err_thread.start()
         watch.start()
-        _pass_through(proc.stdout, out, gate, out_report, launch)
+        _pass_through(proc.stdout, out, gate, out_report, launch, shown=shown)
         status = proc.wait()
         err_thread.join()
         watch.stop()

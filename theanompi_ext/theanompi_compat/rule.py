@@ -165,7 +165,10 @@ class BSP(object):
         those of :data:`RESTART_OPTIONS`: with ``max_restarts=N`` (needs
         ``out``) a process started here runs the job under the restart
         supervisor (:mod:`.restart_job`), from the checkpoint of the last
-        finished epoch (:mod:`.resume`); ``wait`` waits for it.
+        finished epoch (:mod:`.resume`); ``wait`` waits for it. Without
+        restarts the job runs as ``theanompi-ext train`` runs it
+        (:func:`~theanompi_ext.launch.postmortem.run_explained`, in a process
+        of its own): a rank that dies is named in the launcher's last line.
         """
         from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
         from ..launch.postmortem import explained_command
