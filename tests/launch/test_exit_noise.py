@@ -56,7 +56,7 @@ def test_a_stop_signal_leaves_the_launchers_line_last(capsys):
     shown = _run(b'rank 0: stopping\n' + HYDRA_STOPPED + HYDRA_BANNER, gate)
     assert shown == 'rank 0: stopping\n\n'                   # the ranks' own lines pass
     _last_words(gate, 'theanompi-ext: stopped by SIGTERM: every rank of the job ended '
-                      '(exit status 143)')
+                      '(exit status 143)', sys.stderr)
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "theanompi-ext: 17 lines of mpiexec's own while the job ended not shown (the last: "
@@ -81,15 +81,32 @@ def test_a_dead_rank_keeps_hydras_report_but_not_its_trail(monkeypatch):
     assert _run(HYDRA_STOPPED, gate) == HYDRA_STOPPED.decode()
 
 
-def test_open_mpis_line_after_an_abort_is_held(capsys):
+def test_open_mpis_line_after_an_abort_is_held():
     """A rank's MPI_Abort (its own message says why) begins the end: prterun's report
     passes, its PMIx error line after it is held and told before nothing else."""
     gate, report = EndingFilter(), LauncherReport()
     shown = _run(OPENMPI_ABORTED, gate, report)
     assert report.aborted == (0, 'tmxh0', None) and 'calling\n"abort"' in shown
     assert 'PMIX' not in shown and len(gate.held) == 1
-    _last_words(gate, None)
-    assert capsys.readouterr().err.splitlines() == [
+    err = io.StringIO()
+    _last_words(gate, None, err)
+    assert err.getvalue().splitlines() == [
         "theanompi-ext: 1 line of mpiexec's own while the job ended not shown (the last: "
         "PMIX ERROR: PMIX_ERR_NOT_FOUND in file /openmpi-5.0.11/3rd-party/prrte/src/prted/"
         "pmix/pmix_server.c at line 1747; THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN=1 shows them)"]
+
+
+def test_the_launchers_line_starts_a_line_of_its_own():
+    # measured under Open MPI: rank 0's progress line, rewritten in place, was the last
+    # line passed when rank 1 died; the explanation must not be glued to it
+    shown, dest = [], io.StringIO()
+    _pass_through(io.BytesIO(b'plan\nprogress: it 1/44\r\x1b[K'), dest, EndingFilter(),
+                  shown=shown)
+    err = io.StringIO()
+    _last_words(EndingFilter(), 'theanompi-ext: rank 1 of 2 (pid 7 on h) died', err,
+                shown=shown)
+    assert (dest.getvalue() + err.getvalue()).splitlines()[-1] == \
+        'theanompi-ext: rank 1 of 2 (pid 7 on h) died'
+    err = io.StringIO()
+    _last_words(EndingFilter(), 'theanompi-ext: done', err, shown=[b'a line\n'])
+    assert err.getvalue() == 'theanompi-ext: done\n'         # no blank line added

@@ -14,6 +14,7 @@ import pytest
 
 from theanompi_ext.collective.world import SINGLETON_ENV
 from theanompi_ext.launch.mpiexec import mpiexec_command
+from theanompi_ext.launch.postmortem import explained_command
 from support.paths import MPI_DIR
 
 JOB_TIMEOUT = 240
@@ -34,9 +35,7 @@ def mpi_cmd(nprocs, script, *args):
 
 def explained(cmd, size):
     """``cmd`` (an mpiexec line) run the way ``theanompi-ext train --workers`` runs it."""
-    return [sys.executable, '-c', 'import sys; from theanompi_ext.launch.postmortem import '
-            'run_explained; sys.exit(run_explained(sys.argv[2:], size=int(sys.argv[1])))',
-            str(size)] + cmd
+    return explained_command(cmd, size)
 
 
 def run_mpi(nprocs, script, *args, timeout=300, env=None):

@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
+from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
+                      EXIT_TIMEOUT)
 from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
@@ -307,11 +308,12 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _pass_through(stream, dest, gate, *reports):
+def _pass_through(stream, dest, gate, *reports, shown=None):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
     line, showing each line to each of ``reports``, except what ``gate`` (an
     :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
-    that died or aborted; returns at the end of the stream."""
+    that died or aborted; returns at the end of the stream. ``shown`` (a list): the
+    last line passed is kept in it."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
         for report in reports:
@@ -321,6 +323,8 @@ def _pass_through(stream, dest, gate, *reports):
             gate.begin()
         if not gate.let(line):
             continue
+        if shown is not None:
+            shown[:] = [line]
         if raw is not None:
             raw.write(line)
         else:
@@ -328,15 +332,27 @@ def _pass_through(stream, dest, gate, *reports):
         dest.flush()
 
 
-def _last_words(gate, message):
-    """Write what ``gate`` held back, in one line, then ``message``: the launcher's last."""
-    for line in (gate.summary(), message):
-        if line:
-            sys.stderr.write(line + '\n')
-    sys.stderr.flush()
+def _last_words(gate, message, err, heading=None, shown=()):
+    """Write ``heading`` (the caller's line on the failure, if any), what ``gate``
+    held back, in one line, then ``message``: the launcher's last, on ``err``;
+    on a line of their own when the job's last line shown (``shown``) was left
+    open (a rank's progress line, rewritten in place)."""
+    lines = [line for line in (heading, gate.summary(), message) if line]
+    if lines and shown and not shown[-1].endswith(b'\n'):
+        err.write('\n')
+    for line in lines:
+        err.write(line + '\n')
+    err.flush()
 
 
-def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_timeout_s=0):
+def timed_out_message(timeout_s):
+    """The launcher's line for a job stopped after its time limit (``timeout``)."""
+    return ('theanompi-ext: the job ran past its time limit of %g s: every rank was stopped '
+            '(exit status %d)' % (timeout_s, EXIT_TIMED_OUT))
+
+
+def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_timeout_s=0,
+                  timeout=None, out=None, err=None, heading=None):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
     SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
@@ -345,13 +361,20 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
     Returns the exit status (see :mod:`theanompi_ext.errors`).
 
-    Both streams pass through: hydra writes its report on standard output,
-    Open MPI on standard error (each read with a report of its own). When
-    mpiexec could not start on some host of ``hostfile``, the message names
-    the host and the status is 2 (:mod:`.reach`). With ``started`` (a callable)
-    and ``start_timeout_s``, a job for which ``started()`` is still false after
-    that many seconds is stopped, status 4 (:mod:`.start_watch`).
+    Both streams pass through, to ``out`` and ``err`` (default: this
+    process's; a run's log for ``trials``): hydra writes its report on
+    standard output, Open MPI on standard error (each read with a report of
+    its own). hydra's teardown lines are held back (:mod:`.exit_noise`) and
+    the launcher's own line, on ``err``, is the last: after ``heading(status)``
+    (the caller's line, for a non-zero status, if given) and the summary of
+    what was held. When mpiexec could not start on some host of ``hostfile``,
+    the message names the host and the status is 2 (:mod:`.reach`). With
+    ``started`` (a callable) and ``start_timeout_s``, a job for which
+    ``started()`` is still false after that many seconds is stopped, status 4
+    (:mod:`.start_watch`); with ``timeout``, a job still running after that
+    many seconds is stopped, status 124.
     """
+    out, err = out or sys.stdout, err or sys.stderr
     folder = make_ranks_folder()
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
@@ -359,65 +382,97 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
-    proc = start_watch = err_thread = None
+    proc = start_watch = time_limit = err_thread = None
     openmpi = is_openmpi(cmd[0])
+    shown = []          # the last line passed through, of either stream
+
+    def stop():
+        gate.begin(banner=True)       # what hydra says from now is about our own stop
+        stop_job(proc, folder, openmpi=openmpi)
+
+    def last_words(status, message):
+        _last_words(gate, message, err, heading(status) if heading and status else None,
+                    shown)
+        return status
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        start_watch = StartWatch(proc, started, start_timeout_s, lambda: stop_job(
-            proc, folder, openmpi=openmpi)).start()
+        start_watch = StartWatch(proc, started, start_timeout_s, stop).start()
+        # the time limit is a start watch whose job never counts as started
+        time_limit = StartWatch(proc, lambda: False, timeout, stop).start()
         after_abort = AfterAbort(proc, err_report, lambda: stop_job(
             proc, folder, grace=AFTER_ABORT_GRACE_S, openmpi=openmpi))
         if openmpi:
             after_abort.start()
         err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
-                                  args=(proc.stderr, sys.stderr, gate, err_report, launch))
+                                      args=(proc.stderr, err, gate, err_report, launch),
+                                      kwargs=dict(shown=shown))
         err_thread.start()
         watch.start()
-        _pass_through(proc.stdout, sys.stdout, gate, out_report, launch)
+        _pass_through(proc.stdout, out, gate, out_report, launch, shown=shown)
         status = proc.wait()
         err_thread.join()
         watch.stop()
         start_watch.finish()
+        time_limit.finish()
         if start_watch.fired:
-            sys.stderr.write(not_started_message(start_timeout_s, EXIT_TIMEOUT) + '\n')
-            sys.stderr.flush()
-            return EXIT_TIMEOUT
+            return last_words(EXIT_TIMEOUT, not_started_message(start_timeout_s, EXIT_TIMEOUT))
+        if time_limit.fired:
+            return last_words(EXIT_TIMED_OUT, timed_out_message(timeout))
         report = out_report if out_report.pid is not None else err_report
         notes = read_rank_notes(folder)
         if after_abort.fired:
             message, status = after_abort.message(size, notes)
             if report.peer_lost is None:
-                _last_words(gate, message)
-                return status
+                return last_words(status, message)
             # the abort was Open MPI's own, of a rank that lost a peer: told below
         message, status = explain(status, report, notes, size, first_exit=watch.first())
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile)
             if unreached:
                 message, status = 'theanompi-ext: ' + not_started(unreached), EXIT_BAD_INPUT
-        _last_words(gate, message)
-        return status
+        return last_words(status, message)
     except (KeyboardInterrupt, Stopped) as exc:
         signum = getattr(exc, 'signum', signal.SIGINT)
-        gate.begin(banner=True)       # what hydra says from now is about our own stop
+        gate.begin(banner=True)
         # a second signal while stopping must not cut the stop short
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        if start_watch is not None:
-            start_watch.finish()
+        for w in (start_watch, time_limit):
+            if w is not None:
+                w.finish()
         if proc is not None:
             _drain(proc.stdout)
             stop_job(proc, folder, openmpi=openmpi)
         watch.stop()
         if err_thread is not None:
             err_thread.join(STOP_JOIN_S)   # its last lines before ours, not after
-        _last_words(gate, 'theanompi-ext: stopped by %s: every rank of the job ended '
+        return last_words(EXIT_SIGNAL_BASE + signum,
+                          'theanompi-ext: stopped by %s: every rank of the job ended '
                           '(exit status %d)' % (signal.Signals(signum).name,
                                                 EXIT_SIGNAL_BASE + signum))
-        return EXIT_SIGNAL_BASE + signum
     finally:
         if old_handlers:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def explained_command(cmd, size):
+    """The command line that runs the mpiexec line ``cmd`` of ``size`` ranks
+    under :func:`run_explained` in a process of its own (a Theano-MPI
+    session's ``BSP.init``, which returns at once: ``BSP.wait`` waits for it)."""
+    return [sys.executable, '-u', '-m', __name__, str(int(size))] + list(cmd)
+
+
+def main(argv=None):
+    """``python -m theanompi_ext.launch.postmortem SIZE MPIEXEC...``: its status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or not argv[0].isdigit():
+        sys.stderr.write('usage: python -m theanompi_ext.launch.postmortem SIZE MPIEXEC...\n')
+        return EXIT_BAD_INPUT
+    return run_explained(argv[1:], size=int(argv[0]))
+
+
+if __name__ == '__main__':
+    sys.exit(main())

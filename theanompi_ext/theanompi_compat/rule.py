@@ -165,9 +165,13 @@ class BSP(object):
         those of :data:`RESTART_OPTIONS`: with ``max_restarts=N`` (needs
         ``out``) a process started here runs the job under the restart
         supervisor (:mod:`.restart_job`), from the checkpoint of the last
-        finished epoch (:mod:`.resume`); ``wait`` waits for it.
+        finished epoch (:mod:`.resume`); ``wait`` waits for it. Without
+        restarts the job runs as ``theanompi-ext train`` runs it
+        (:func:`~theanompi_ext.launch.postmortem.run_explained`, in a process
+        of its own): a rank that dies is named in the launcher's last line.
         """
         from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
+        from ..launch.postmortem import explained_command
         from ..engine.devices import parse_devices
         from ..launch.devices import remote_hosts, host_args
         from ..launch.reach import check_hosts
@@ -197,9 +201,11 @@ class BSP(object):
             self.proc = popen_job(supervisor_command(self.command, len(devices),
                                                      options['out'], restart), env)
             return self
-        # Own process group: wait() can stop mpiexec and every rank together.
-        # (and killed with this process, whatever the signal: popen_job)
-        self.proc = popen_job(self.command, env)
+        # The job runs as `theanompi-ext train` runs it (hydra's teardown held back,
+        # a rank that died named last), in a process of its own: init returns now.
+        # Own process group: wait() can stop it, and it every rank; killed with
+        # this process, whatever the signal (popen_job).
+        self.proc = popen_job(explained_command(self.command, len(devices)), env)
         return self
 
     def wait(self, timeout=None):

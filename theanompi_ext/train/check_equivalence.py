@@ -81,7 +81,8 @@ def max_relative_difference(a, b):
 
 def main(args):
     """Run both, compare, print the figure last."""
-    from ..launch.mpiexec import child_env, run_mpiexec
+    from ..launch.mpiexec import child_env
+    from ..launch.postmortem import run_explained   # names a rank that died, hydra's trail held
     from ..launch.network_options import use_network
     from ..launch.reach import Unreachable, check_hostfile
     from ..launch.worker_job import worker_command, worker_env
@@ -107,11 +108,13 @@ def main(args):
               'summed gradient by up to 2u = %.1e and momentum %.1f keeps 1/(1-m) = %.0f '
               'times that: tolerance 2u/(1-m)' % (args.wire_dtype, tol * (1 - MOMENTUM),
                                                   MOMENTUM, 1 / (1 - MOMENTUM)))
-    rc = run_mpiexec(worker_command(args.workers, hostfile),
-                     env=worker_env(cfg.to_dict(), child_env()),
-                     timeout=args.timeout)
+    sys.stdout.flush()        # the ranks' lines follow ours
+    rc = run_explained(worker_command(args.workers, hostfile),
+                       env=worker_env(cfg.to_dict(), child_env()), size=args.workers,
+                       hostfile=hostfile, timeout=args.timeout,
+                       heading=lambda rc: 'check-equivalence: the %d-rank run failed (exit %d)'
+                       % (args.workers, rc))
     if rc != EXIT_OK:
-        print('check-equivalence: the %d-rank run failed (exit %d)' % (args.workers, rc))
         return rc
     with np.load(os.path.join(out, 'params.npz')) as z:
         dist = {k: z[k] for k in z.files}

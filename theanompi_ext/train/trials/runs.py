@@ -3,12 +3,13 @@ its output in ``run<i>/train.log``; returns the run's record."""
 import json
 import os
 import shlex
-import subprocess
+import signal
 import sys
 import threading
 import time
 
-from ...errors import EXIT_TIMED_OUT, EXIT_TIMEOUT
+from ...errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT
+from ..restarts import STOP_STATUSES, last_message
 from .stats import LAST_EPOCHS, run_error
 
 RUN_FILES = ('summary.json', 'params.npz', 'curves.png', 'checkpoint.h5', 'train.log',
@@ -42,16 +43,25 @@ def _partial_history(folder):
         return []
 
 
-def _copy_output(stream, log, echo):
-    """Copy the ranks' output to the run's log (and the terminal with ``echo``)."""
-    for raw in iter(stream.readline, b''):
-        text = raw.decode('utf-8', 'replace')
-        log.write(text)
-        log.flush()
-        if echo:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-    stream.close()
+class _RunOutput(object):
+    """Where a run's mpiexec output goes: its log (and the terminal with ``echo``);
+    both of mpiexec's streams write here, one line at a time."""
+
+    def __init__(self, log, echo):
+        self.log, self.echo = log, echo
+        self._lock = threading.Lock()
+
+    def write(self, text):
+        with self._lock:
+            self.log.write(text)
+            if self.echo:
+                sys.stdout.write(text)
+
+    def flush(self):
+        with self._lock:
+            self.log.flush()
+            if self.echo:
+                sys.stdout.flush()
 
 
 def _record_from_summary(i, cfg, summary, wall_s, last):
@@ -91,8 +101,9 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
         write_worker_config(cfg.to_dict(), cfg_path)
         start = os.path.getsize(log_path) if not first else 0
         # config.json is the run's record; the ranks read the config from the environment
-        rc = _run_logged(worker_command(setting.workers, setting.hostfile), log_path,
-                         timeout, echo, worker_env(cfg.to_dict(), extra_env or {}),
+        rc = _run_logged(worker_command(setting.workers, setting.hostfile), setting.workers,
+                         setting.hostfile, log_path, timeout, echo,
+                         worker_env(cfg.to_dict(), extra_env or {}),
                          append=not first,
                          start_timeout_s=cfg.start_timeout_s)
         with open(log_path, errors='replace') as f:
@@ -107,6 +118,11 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
         with start_watch_env(cfg.out, bool(setting.hostfile)) as watch_env:
             rc = attempt(cfg, watch_env)[0]
     wall = time.perf_counter() - t0
+    if rc in STOP_STATUSES:
+        # the launcher was stopped (its ranks are): so are the trials
+        if rc == EXIT_SIGNAL_BASE + signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(rc)
     if rc == 0 and os.path.exists(summary_path):
         with open(summary_path) as f:
             return _record_from_summary(i, cfg, json.load(f), wall, last)
@@ -136,14 +152,16 @@ def _clear_run_folder(folder):
             os.unlink(p)
 
 
-def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False, start_timeout_s=0):
-    """Run ``cmd`` with its output in ``log_path`` (after what it holds with
-    ``append``), ``extra_env`` added to its environment; its exit status
-    (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after ``timeout`` s;
-    status 4 when not started within
-    ``start_timeout_s``: launch/start_watch.py)."""
-    from ...launch.mpiexec import child_env, popen_job, stop_group, wait_job
-    from ...launch.start_watch import StartWatch, not_started_message
+def _run_logged(cmd, workers, hostfile, log_path, timeout, echo, extra_env=None,
+                append=False, start_timeout_s=0):
+    """Run ``cmd`` (``workers`` ranks, on the hosts of ``hostfile``) with its output
+    in ``log_path`` (after what it holds with ``append``), ``extra_env`` added to
+    its environment, as ``train`` runs it (:func:`~theanompi_ext.launch.postmortem.
+    run_explained`: hydra's teardown held back, the launcher's explanation last);
+    its exit status (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT` when stopped after
+    ``timeout`` s; status 4 when not started within ``start_timeout_s``)."""
+    from ...launch.mpiexec import child_env
+    from ...launch.postmortem import run_explained
     from ..attempt import start_file, started
     mark = start_file(extra_env or {})
     env = child_env()
@@ -151,24 +169,12 @@ def _run_logged(cmd, log_path, timeout, echo, extra_env=None, append=False, star
     with open(log_path, 'a' if append else 'w') as log:
         log.write('$ %s\n' % ' '.join(shlex.quote(c) for c in cmd))
         log.flush()
-        # killed with this launcher, whatever the signal (launch/mpiexec.popen_job)
-        proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        # The log is always written (a diverged run is recognised from it);
-        # a thread copies it so that the timeout below still applies.
-        pump = threading.Thread(target=_copy_output, args=(proc.stdout, log, echo),
-                                daemon=True)
-        pump.start()
-        watch = StartWatch(proc, (lambda: started(mark)) if mark else None,
-                           start_timeout_s, lambda: stop_group(proc)).start()
-        try:
-            rc = wait_job(proc, timeout)
-        finally:
-            watch.finish()
-            pump.join(timeout=10)
-        if watch.fired:
-            rc = EXIT_TIMEOUT
-            log.write(not_started_message(start_timeout_s, rc) + '\n')
-        return rc
+        # The log is always written (a diverged run is recognised from it).
+        output = _RunOutput(log, echo)
+        return run_explained(cmd, env, size=workers, hostfile=hostfile,
+                             started=(lambda: started(mark)) if mark else None,
+                             start_timeout_s=start_timeout_s, timeout=timeout,
+                             out=output, err=output)
 
 
 def _failed_record(i, cfg, rc, wall, log_path, timeout):
@@ -176,11 +182,12 @@ def _failed_record(i, cfg, rc, wall, log_path, timeout):
     with open(log_path, errors='replace') as f:
         text = f.read()
     diverged = 'NonFiniteLoss' in text
-    reason = [ln for ln in text.splitlines() if 'failed:' in ln]
+    # the launcher's explanation (a rank that died, by rank and host) or a rank's error
+    reason = last_message(text)
     return dict(run=i, seed=cfg.seed, data_seed=cfg.data_seed, out=cfg.out,
                 status='diverged' if diverged else 'failed', exit_status=rc,
                 error=None, epochs_used=0, error_epochs=[], wall_s=wall,
-                reason=(reason[0].strip() if reason else
+                reason=(reason if reason else
                         'timed out after %ss' % timeout if rc == EXIT_TIMED_OUT else
                         'exit status %d (see %s)' % (rc, log_path)),
                 history=_partial_history(cfg.out))
