@@ -147,3 +147,34 @@ def test_install_says_why_it_cannot(tmp_path, files, needle):
     assert res.returncode == 0, res.stderr
     assert 'installed False' in res.stdout
     assert 'install_into_theanompi: not installed: ' in res.stderr and needle in res.stderr
+
+
+def test_wait_past_its_timeout_stops_the_job_and_says_why(capsys, tmp_path):
+    # a stand-in job in a process group of its own, as init starts it: wait(timeout)
+    # ends the whole group, returns 124 and its line on stderr is the last
+    import time
+    from theanompi_ext.theanompi_compat.rule import BSP
+    rule = BSP()
+    with pytest.raises(RuntimeError, match=r'BSP.wait\(\) before BSP.init\(\)'):
+        rule.wait()
+    child = tmp_path / 'child.pid'
+    rule.proc = subprocess.Popen(['sh', '-c', 'sleep 60 & echo $! > %s; wait' % child],
+                                 start_new_session=True)
+    while not child.exists() or not child.read_text().strip():
+        time.sleep(0.01)
+    assert rule.wait(timeout=0.3) == 124
+    assert rule.proc.poll() is not None
+
+    def ended(pid):          # gone, or a zombie not yet reaped by its new parent
+        try:
+            with open('/proc/%d/stat' % pid) as f:
+                return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+        except OSError:
+            return True
+    deadline = time.monotonic() + 5
+    while not ended(int(child.read_text())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ended(int(child.read_text())), 'the rest of the group still runs'
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        'theanompi-ext: BSP.wait() still running after timeout=0.3 s: every rank was '
+        'stopped (exit status 124)')

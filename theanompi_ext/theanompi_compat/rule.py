@@ -212,7 +212,8 @@ class BSP(object):
         """Wait for the ranks; return the exit status (non-zero if any rank failed).
 
         Ctrl-C (or ``timeout`` seconds passing) stops every rank; the status
-        is then 130 (or 124).
+        is then 130 (or 124), and the last line on stderr says so (the job's
+        own process, stopped by SIGTERM, says 143 just before it).
         """
         from ..launch.mpiexec import stop_group
         if self.proc is None:
@@ -220,8 +221,13 @@ class BSP(object):
         try:
             return self.proc.wait(timeout=timeout)
         except KeyboardInterrupt:
-            stop_group(self.proc)
-            return 130
+            return self._stopped(130, 'interrupted (Ctrl-C)', stop_group)
         except subprocess.TimeoutExpired:
-            stop_group(self.proc)
-            return 124
+            return self._stopped(124, 'still running after timeout=%g s' % timeout, stop_group)
+
+    def _stopped(self, status, why, stop_group):
+        stop_group(self.proc)
+        sys.stderr.write('theanompi-ext: BSP.wait() %s: every rank was stopped (exit status '
+                         '%d)\n' % (why, status))
+        sys.stderr.flush()
+        return status
