@@ -164,17 +164,11 @@ def test_wait_past_its_timeout_stops_the_job_and_says_why(capsys, tmp_path):
         time.sleep(0.01)
     assert rule.wait(timeout=0.3) == 124
     assert rule.proc.poll() is not None
-
-    def ended(pid):          # gone, or a zombie not yet reaped by its new parent
-        try:
-            with open('/proc/%d/stat' % pid) as f:
-                return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
-        except OSError:
-            return True
+    from support.procs import alive      # a zombie not yet reaped has ended
     deadline = time.monotonic() + 5
-    while not ended(int(child.read_text())) and time.monotonic() < deadline:
+    while alive(int(child.read_text())) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert ended(int(child.read_text())), 'the rest of the group still runs'
+    assert not alive(int(child.read_text())), 'the rest of the group still runs'
     assert capsys.readouterr().err.splitlines()[-1] == (
         'theanompi-ext: BSP.wait() still running after timeout=0.3 s: every rank was '
         'stopped (exit status 124)')

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..files.atomic import write_json
+from ..simulate.host import machine_cores
 from .allreduce import format_size, parse_size
 
 DEFAULT_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -108,7 +109,7 @@ def main(args):
         sys.stderr.write('theanompi-ext bench hosts: %s\n' % exc)
         return EXIT_CHECK_FAILED
     res.update(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=args.rate,
-               delay=args.delay, rate_Bps=rate_Bps, cpu=dict(cpu_costs, cores=os.cpu_count()))
+               delay=args.delay, rate_Bps=rate_Bps, cpu=dict(cpu_costs, cores=machine_cores()))
     print(format_table(res))
     if args.json:
         write_json(args.json, res, 'the results', indent=1)

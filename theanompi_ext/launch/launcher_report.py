@@ -103,6 +103,8 @@ class LauncherReport(object):
         m = _OMPI_ERRORCODE.search(line)
         if m and self._abort_code is None:
             self._abort_code = int(m.group(1))
+        if self.aborted is not None and self.pid is not None:
+            return
         text = b' '.join(self._window)
         if self.aborted is None:
             m = _OMPI_ABORT.search(text)

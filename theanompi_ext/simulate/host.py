@@ -28,6 +28,12 @@ def _positive(value, what):
     return float(value)
 
 
+def _non_negative(value, what):
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError('%s must be a finite number >= 0, got %r' % (what, value))
+    return float(value)
+
+
 def cpu_share(ranks, cores, outside=0.0):
     """Share of a core each of ``ranks`` busy ranks gets on ``cores`` cores.
 
@@ -43,8 +49,7 @@ def cpu_share(ranks, cores, outside=0.0):
 
 def contended(cpu_seconds, share):
     """Wall seconds of ``cpu_seconds`` of work run at ``share`` of a core."""
-    if not (cpu_seconds >= 0 and math.isfinite(cpu_seconds)):
-        raise ValueError('CPU time must be a finite number >= 0 s, got %r' % (cpu_seconds,))
+    _non_negative(cpu_seconds, 'CPU time (s)')
     share = _positive(share, 'CPU share')
     if share > 1:
         raise ValueError('CPU share must be <= 1 (one thread uses one core), got %r' % (share,))
@@ -84,8 +89,7 @@ def serialised(per_rank_s, ranks, cores):
     """Wall seconds for ``ranks`` ranks of a host each doing ``per_rank_s`` of CPU work
     at once on the host's ``cores``: the work of all of them, ``ranks * per_rank_s``,
     spread over ``min(ranks, cores)`` cores (one rank uses one core at most)."""
-    if not (per_rank_s >= 0 and math.isfinite(per_rank_s)):
-        raise ValueError('CPU time must be a finite number >= 0 s, got %r' % (per_rank_s,))
+    _non_negative(per_rank_s, 'CPU time (s)')
     ranks, cores = _positive(ranks, 'ranks'), _positive(cores, 'cores')
     return ranks * per_rank_s / min(ranks, cores)
 
@@ -99,14 +103,9 @@ class HostCPU:
     def __init__(self, cores=None, sum_s_per_byte=0.0, copy_s_per_byte=0.0,
                  tcp_s_per_byte=0.0):
         self.cores = _positive(machine_cores() if cores is None else cores, 'cores per host')
-        for name, v in (('sum', sum_s_per_byte), ('copy', copy_s_per_byte),
-                        ('tcp', tcp_s_per_byte)):
-            if not (v >= 0 and math.isfinite(v)):
-                raise ValueError('%s seconds per byte must be a finite number >= 0, got %r'
-                                 % (name, v))
-        self.sum_s_per_byte = float(sum_s_per_byte)
-        self.copy_s_per_byte = float(copy_s_per_byte)
-        self.tcp_s_per_byte = float(tcp_s_per_byte)
+        self.sum_s_per_byte = _non_negative(sum_s_per_byte, 'sum seconds per byte')
+        self.copy_s_per_byte = _non_negative(copy_s_per_byte, 'copy seconds per byte')
+        self.tcp_s_per_byte = _non_negative(tcp_s_per_byte, 'tcp seconds per byte')
 
     def __repr__(self):
         return 'HostCPU(cores=%g, sum=%.3g, copy=%.3g, tcp=%.3g s/B)' % (

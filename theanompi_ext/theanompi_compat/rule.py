@@ -215,17 +215,17 @@ class BSP(object):
         is then 130 (or 124), and the last line on stderr says so (the job's
         own process, stopped by SIGTERM, says 143 just before it).
         """
-        from ..launch.mpiexec import stop_group
         if self.proc is None:
             raise RuntimeError('BSP.wait() before BSP.init()')
         try:
             return self.proc.wait(timeout=timeout)
         except KeyboardInterrupt:
-            return self._stopped(130, 'interrupted (Ctrl-C)', stop_group)
+            return self._stopped(130, 'interrupted (Ctrl-C)')
         except subprocess.TimeoutExpired:
-            return self._stopped(124, 'still running after timeout=%g s' % timeout, stop_group)
+            return self._stopped(124, 'still running after timeout=%g s' % timeout)
 
-    def _stopped(self, status, why, stop_group):
+    def _stopped(self, status, why):
+        from ..launch.mpiexec import stop_group
         stop_group(self.proc)
         sys.stderr.write('theanompi-ext: BSP.wait() %s: every rank was stopped (exit status '
                          '%d)\n' % (why, status))
