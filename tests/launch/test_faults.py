@@ -13,6 +13,7 @@ import math
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -79,9 +80,14 @@ def test_hung_rank_times_out_with_report_naming_it(tmp_path):
 
 
 def test_exception_on_one_rank_aborts_every_rank(tmp_path):
-    rc, out, err, _ = run_fault(tmp_path, 'raise')
+    rc, out, err, _ = run_fault(tmp_path, 'raise', launcher=True)
     assert rc == 3, (rc, err[-3000:])
     assert 'rank 1 of 2 failed: MemoryError: injected' in err
+    # the launcher's line last, after MPI's abort report: the rank MPI names, with the
+    # pid and host of its note
+    assert re.match(r'theanompi-ext: rank 1 of 2 \(pid \d+ on %s\) ended the job \(exit status '
+                    r'3\); its own line above says why$' % re.escape(socket.gethostname()),
+                    err.replace('\0', '').strip().splitlines()[-1]), err[-3000:]
 
 
 def test_rank_exiting_0_mid_run_is_not_success(tmp_path):
@@ -261,7 +267,18 @@ def test_launcher_report_maps_pid_to_rank():
     assert explain(0, LauncherReport(), {0: (1, 'h', 'done 0')}) == (None, 0)
     msg, status = explain(0, LauncherReport(), {0: (1, 'h', 'done 0'), 1: (2, 'h', 'running')})
     assert status == 3 and 'rank 1 (pid 2 on h) ended without finishing' in msg
-    assert explain(4, LauncherReport(), notes) == (None, 4)
+    # the ranks ended the job themselves (their own lines say why): the launcher's
+    # line still comes last, naming the rank that failed, or the status alone
+    failed0 = {0: (17435, 'node7', 'failed 4'), 1: (17436, 'node8', 'running')}
+    assert explain(4, LauncherReport(), failed0, 2) == (
+        'theanompi-ext: rank 0 of 2 (pid 17435 on node7) ended the job (exit status 4); its '
+        'own line above says why', 4)
+    both = {0: (17435, 'node7', 'failed 2'), 1: (17436, 'node8', 'failed 2')}
+    assert explain(2, LauncherReport(), both, 2) == (
+        'theanompi-ext: ranks 0, 1 of 2 (on node7, node8) ended the job (exit status 2); '
+        'their own lines above say why', 2)
+    assert explain(4, LauncherReport(), notes) == (
+        "theanompi-ext: the job ended with exit status 4; the ranks' lines above say why", 4)
     # Hydra named rank 1, but rank 0 was seen to exit first: rank 0 died.
     msg, status = explain(9, rep, notes, 2, first_exit=0)
     assert 'rank 0 of 2 (pid 17435 on node7) died' in msg
@@ -297,6 +314,11 @@ prterun has exited due to process rank 0 with PID 0 on node tmxh0 calling
 """
 
 
+# MPICH 4 (the rank's own standard error; "node" is its rank in MPI_COMM_WORLD).
+MPICH_ABORT = (b"Abort(4) on node 1 (rank 1 in comm 0): application called "
+               b"MPI_Abort(MPI_COMM_WORLD, 4) - process 1\n")
+
+
 def _report(text):
     from theanompi_ext.launch.postmortem import LauncherReport
     rep = LauncherReport()
@@ -325,18 +347,36 @@ def test_openmpi_report_is_told_like_hydras():
     assert status == 3 and re.search(
         r'rank 1 \(pid 13736 on a-longer-host-name\) of 2 ended without finishing training '
         r'.*; the run is incomplete \(exit status 3\)', msg), msg
-    # a rank that had finished training: nothing to add to Open MPI's status
-    assert explain(1, rep, {**notes, 1: (13736, 'h', 'done 0')}, 2) == (None, 1)
+    # a rank that had finished training: told as such, with Open MPI's status
+    assert explain(1, rep, {**notes, 1: (13736, 'h', 'done 0')}, 2) == (
+        'theanompi-ext: rank 1 of 2 (pid 13736 on a-longer-host-name) exited without '
+        'finalizing MPI after it had finished training; mpiexec ended the job (exit status '
+        '1)', 1)
 
 
 def test_openmpi_abort_then_a_mpiexec_that_does_not_end_is_stopped():
     """prterun reports a rank's MPI_Abort, then waits for ever for a host it cannot
     reach: AfterAbort stops it and the status is the rank's, its host named."""
     import time
-    from theanompi_ext.launch.postmortem import AfterAbort
+    from theanompi_ext.launch.postmortem import AfterAbort, explain
     rep = _report(OPENMPI_ABORT)
     assert rep.aborted == (0, 'tmxh0', 4) and rep.pid is None
     assert _report(OPENMPI_SIGNAL).aborted is None
+    # the aborting rank is the one named, whatever the other notes say
+    msg, status = explain(4, rep, {0: (13105, 'tmxh0', 'running'),
+                                   1: (13106, 'tmxh1', 'failed 3')}, 2)
+    assert (msg, status) == ('theanompi-ext: rank 0 of 2 (pid 13105 on tmxh0) ended the job '
+                             '(exit status 4); its own line above says why', 4)
+    # MPICH says it in the rank's own output, without the host: the notes give it
+    mpich = _report(MPICH_ABORT)
+    assert mpich.aborted == (1, None, 4) and mpich.pid is None
+    assert explain(4, mpich, {1: (7, 'tmxh1', 'running')}, 2)[0].startswith(
+        'theanompi-ext: rank 1 of 2 (pid 7 on tmxh1) ended the job (exit status 4)')
+    assert explain(4, mpich, {}, 2)[0].startswith(
+        'theanompi-ext: rank 1 of 2 (on an unknown host) ended the job')
+    # the same words inside another line (a rank quoting them): not an abort
+    assert _report(b'x Abort(4) on node 1 (rank 0 in comm 0): application called '
+                   b'MPI_Abort(MPI_COMM_WORLD, 4) - process 1\n').aborted is None
     proc = subprocess.Popen(['sleep', '30'])
     stopped = []
     watch = AfterAbort(proc, rep, lambda: stopped.append(proc.kill()), wait_s=0.2,

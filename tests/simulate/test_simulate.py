@@ -2,6 +2,7 @@
 import argparse
 import json
 import math
+import re
 
 import pytest
 
@@ -496,3 +497,50 @@ def test_two_level_16mb_with_timeouts_by_hand():
     assert with_timeouts(t, 0) == t and with_timeouts(t, 2) == approx(t + 0.4)
     with pytest.raises(ValueError):
         with_timeouts(t, -1)
+
+
+def test_cli_host_cpu_bounds_the_two_level_phases(tmp_path, capsys):
+    """--cores-per-host/--cpu-ns-per-byte: by hand, 8 MB on 2 servers x 2 ranks, links
+    too fast to matter, 1 ns per byte of each kind. One core: reduce-scatter 2 ranks x
+    4 MB summed = 8 ms, allgather the same in copies, TCP 2 ranks x 4 MB = 8 ms (longer
+    than the link's 64 us), the sums between hosts 2 x 2 MB = 4 ms: 28 ms. Two cores
+    halve each: 14 ms."""
+    f = tmp_path / 'layers.json'
+    f.write_text(json.dumps([{'name': 'fc', 'backward_s': 0.01, 'grad_bytes': 8e6}]))
+    base = ['--layers', str(f), '--forward-ms', '5', '--gpus', '4', '--gpus-per-node', '2',
+            '--algorithm', 'two-level', '--bandwidth-gbit', '1000', '--intra-bandwidth-gbit',
+            '10000', '--latency-us', '0', '--intra-latency-us', '0', '--baseline-gpus', '1']
+    for cores, comm_ms in (('1', 28.0), ('2', 14.0)):
+        jpath = tmp_path / ('c%s.json' % cores)
+        status, out, _ = _run(base + ['--cores-per-host', cores, '--cpu-ns-per-byte', '1,1,1',
+                                      '--json', str(jpath)], capsys)
+        doc = json.loads(jpath.read_text())
+        row = [r for r in doc['rows'] if r['gpus'] == 4][0]
+        assert status == 0 and row['overlap']['comm_s'] == approx(comm_ms / 1e3, rel=1e-6)
+        assert doc['host_cpu'] == {'cores': float(cores), 'sum_s_per_byte': 1e-9,
+                                   'copy_s_per_byte': 1e-9, 'tcp_s_per_byte': 1e-9,
+                                   'from': 'given'}
+        assert 'host CPU: %s cores per server' % cores in out
+    # without the CPU model the links alone: 2 x 3.2 us in the host + 64 us between
+    jpath = tmp_path / 'links.json'
+    _run(base + ['--json', str(jpath)], capsys)
+    doc = json.loads(jpath.read_text())
+    assert doc['host_cpu'] is None
+    assert doc['rows'][-1]['overlap']['comm_s'] == approx(70.4e-6, rel=1e-6)
+    # cores alone: the per-byte costs are measured here, each > 0
+    status, out, _ = _run(base + ['--cores-per-host', '2'], capsys)
+    assert status == 0 and '(measured on this machine)' in out
+    assert not re.search(r'(sum|copy|TCP) 0 ns', out), out
+
+
+@pytest.mark.parametrize('extra, words', [
+    (['--cores-per-host', '2', '--algorithm', 'ring'], 'apply to --algorithm two-level only'),
+    (['--cpu-ns-per-byte', '1,1', '--algorithm', 'two-level'], 'is not three numbers'),
+    (['--cpu-ns-per-byte', '1,x,1', '--algorithm', 'two-level'], "COPY='x' is not a number"),
+    (['--cpu-ns-per-byte', '1,1,-1', '--algorithm', 'two-level'], 'TCP must be a finite'),
+    (['--cores-per-host', '0', '--cpu-ns-per-byte', '1,1,1', '--algorithm', 'two-level'],
+     '--cores-per-host must be a finite number > 0'),
+])
+def test_cli_host_cpu_bad_input(capsys, extra, words):
+    status, _, err = _run(['--preset', 'goyal2017', '--gpus', '16'] + extra, capsys)
+    assert status == 2 and words in err, err

@@ -44,6 +44,10 @@ A rank that called ``MPI_Abort`` (the watchdog's status 4, a failed rank's 3)::
 
 :attr:`LauncherReport.aborted` keeps ``(rank, host, code)``; prterun may still
 be waiting for a host it cannot reach (``launch/postmortem.py`` ends it).
+MPICH's library says it in the rank's own output, without the host (``node``
+is the rank in MPI_COMM_WORLD)::
+
+    Abort(4) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 4) - process 0
 
 Open MPI's own exit status for a rank killed by signal N is 128 + N where
 hydra's is N; :attr:`LauncherReport.signal` lets the launcher give the same
@@ -60,6 +64,8 @@ _OMPI_PROCESS = rb'process rank (\d+) with PID (\d+) on node (\S+) '
 _OMPI_SIGNAL = re.compile(_OMPI_PROCESS + rb'exited on signal (\d+) \(([^)]*)\)')
 _OMPI_IMPROPER = re.compile(_OMPI_PROCESS + rb'exiting improperly')
 _OMPI_ABORT = re.compile(_OMPI_PROCESS + rb'calling "abort"')
+_MPICH_ABORT = re.compile(rb'^Abort\((-?\d+)\) on node (\d+) \(rank \d+ in comm \d+\): '
+                          rb'application called MPI_Abort')
 _OMPI_ERRORCODE = re.compile(rb'^\s*Errorcode:\s+(-?\d+)')
 _OMPI_DISCONNECTED = re.compile(rb'peer process has unexpectedly disconnected')
 _OMPI_LOCAL_HOST = re.compile(rb'^\s*Local host:\s+(\S+)')
@@ -83,7 +89,8 @@ class LauncherReport(object):
     (Open MPI's "exiting improperly"); ``peer_lost``: ``(host, seen from host)`` of
     a rank whose connection closed under another (Open MPI), or None;
     ``aborted``: ``(rank, host, code)`` of a rank that called ``MPI_Abort``
-    (Open MPI; ``code`` None if its ``Errorcode`` line was not seen), or None.
+    (Open MPI; ``code`` None if its ``Errorcode`` line was not seen; MPICH:
+    ``host`` None), or None.
     """
 
     def __init__(self):
@@ -110,6 +117,9 @@ class LauncherReport(object):
             m = _OMPI_ABORT.search(text)
             if m:
                 self.aborted = (int(m.group(1)), _text(m.group(3)), self._abort_code)
+            m = _MPICH_ABORT.search(line.strip())
+            if m:
+                self.aborted = (int(m.group(2)), None, int(m.group(1)))
         if self.pid is None:
             self._feed_openmpi(text)
 

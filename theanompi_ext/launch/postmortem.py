@@ -118,8 +118,31 @@ def _peer_lost(lost, notes, of):
             'status %d)' % (who, seen_from, EXIT_FAILED)), EXIT_FAILED
 
 
+def _ended_by_ranks(status, report, notes, of):
+    """The launcher's line for a job that its own ranks ended (a rank's error or
+    watchdog message above says why): the aborting rank (``report.aborted``),
+    else the ranks whose notes say ``failed``, with their hosts; the job's
+    status whatever mpiexec's words, so that the last line is always ours."""
+    failed = sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
+    if report.aborted is not None:
+        failed = [report.aborted[0]]
+    if not failed:
+        return ('theanompi-ext: the job ended with exit status %d; the ranks\' lines above '
+                'say why' % status)
+    if len(failed) == 1:
+        rank = failed[0]
+        pid, host = notes.get(rank, (0, report.aborted and report.aborted[1], ''))[:2]
+        who = 'rank %d%s (%son %s)' % (rank, of, 'pid %d ' % pid if pid else '',
+                                       host or 'an unknown host')
+        return ('theanompi-ext: %s ended the job (exit status %d); its own line above says why'
+                % (who, status))
+    return ('theanompi-ext: ranks %s%s (on %s) ended the job (exit status %d); their own '
+            'lines above say why' % (', '.join(map(str, failed)), of,
+                                     ', '.join(sorted({notes[r][1] for r in failed})), status))
+
+
 def explain(status, report, notes, size=None, first_exit=None):
-    """(message or None, exit status) for a finished job.
+    """(message or None, exit status) for a finished job: None only for success.
 
     ``report`` is a :class:`~.launcher_report.LauncherReport`, ``notes`` the
     ranks' notes (``{rank: (pid, host, state)}``), ``size`` the number of
@@ -138,7 +161,7 @@ def explain(status, report, notes, size=None, first_exit=None):
     if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT:
         return _peer_lost(report.peer_lost, notes, of)
     if report.pid is None:
-        return None, status      # a rank's own message (failed / timeout) says it all
+        return _ended_by_ranks(status, report, notes, of), status
     pid, host = report.pid, report.host
     rank = next((r for r, (p, _, _) in notes.items() if p == pid), report.rank)
     if not pid and rank in notes:          # Open MPI 4.x may say "PID 0"
@@ -147,7 +170,9 @@ def explain(status, report, notes, size=None, first_exit=None):
         # Open MPI: a rank ended without MPI_Finalize; one that had not finished
         # training is the silent case above, told the same way
         if rank is None or notes.get(rank, (0, '', 'running'))[2] != 'running':
-            return None, status
+            return ('theanompi-ext: rank %s%s (pid %d on %s) exited without finalizing MPI '
+                    'after it had finished training; mpiexec ended the job (exit status %d)'
+                    % (rank, of, pid, host, status)), status
         return _unfinished('rank %d (pid %d on %s)' % (rank, pid, host), of,
                            '(it exited without finalizing MPI; mpiexec status %d)' % status)
     if first_exit is not None and first_exit != rank and \

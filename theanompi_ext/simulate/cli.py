@@ -6,6 +6,7 @@ largest requested GPU count, in the preset's mode (overlapped unless
 ``--no-overlap`` or a serial preset), relative to the baseline GPU count.
 Errors in the inputs print ``theanompi-ext simulate: error: ...`` and exit 2.
 """
+import math
 import sys
 from dataclasses import replace
 
@@ -75,6 +76,16 @@ def _cluster_options(p):
     net.add_argument('--intra-latency-us', type=float, metavar='US',
                      help='latency inside a server per allreduce step, microseconds '
                           '(default: the preset\'s)')
+    net.add_argument('--cores-per-host', type=float, metavar='C',
+                     help='two-level only: the cores of a server that its G ranks share for '
+                          "the exchange's CPU work (sums, copies, TCP), which then bounds "
+                          'each phase from below (default: not modelled; the links alone). '
+                          'Per-byte costs: --cpu-ns-per-byte, else measured on this machine')
+    net.add_argument('--cpu-ns-per-byte', metavar='SUM,COPY,TCP',
+                     help='two-level only: CPU nanoseconds per byte of a float32 sum, a '
+                          "copy and TCP's work (both ends) between servers, e.g. "
+                          '0.07,0.07,0.3 (implies the CPU model; cores: --cores-per-host, '
+                          "default this machine's)")
 
 
 def _exchange_options(p):
@@ -122,6 +133,44 @@ def parse_gpus(text):
     return ks
 
 
+def parse_cpu_ns(text):
+    """``'0.07,0.07,0.3'`` -> HostCPU's per-byte keywords in seconds; ValueError
+    names a bad entry."""
+    parts = [p.strip() for p in text.split(',')]
+    if len(parts) != 3:
+        raise ValueError('--cpu-ns-per-byte: %r is not three numbers SUM,COPY,TCP' % (text,))
+    costs = []
+    for name, part in zip(('SUM', 'COPY', 'TCP'), parts):
+        try:
+            ns = float(part)
+        except ValueError:
+            raise ValueError('--cpu-ns-per-byte: %s=%r is not a number' % (name, part)) from None
+        if not (ns >= 0 and math.isfinite(ns)):
+            raise ValueError('--cpu-ns-per-byte: %s must be a finite number >= 0, got %r'
+                             % (name, part))
+        costs.append(ns * 1e-9)
+    return dict(zip(('sum_s_per_byte', 'copy_s_per_byte', 'tcp_s_per_byte'), costs))
+
+
+def host_cpu(args, algorithm):
+    """(HostCPU or None, where its per-byte costs come from) for ``--cores-per-host``
+    and ``--cpu-ns-per-byte``; only the two-level allreduce models them."""
+    cores, ns = getattr(args, 'cores_per_host', None), getattr(args, 'cpu_ns_per_byte', None)
+    if cores is None and ns is None:
+        return None, None
+    if algorithm != 'two-level':
+        raise ValueError('--cores-per-host and --cpu-ns-per-byte apply to --algorithm '
+                         'two-level only (the algorithm here is %s)' % algorithm)
+    from .host import HostCPU
+    if cores is not None and not (cores > 0 and math.isfinite(cores)):
+        raise ValueError('--cores-per-host must be a finite number > 0, got %r' % (cores,))
+    if ns is not None:
+        return HostCPU(cores, **parse_cpu_ns(ns)), 'given'
+    # measured here: what the exchange's sums, copies and TCP cost on this machine
+    from ..bench.hosts import local_cpu_costs
+    return HostCPU(cores, **local_cpu_costs()), 'measured on this machine'
+
+
 def build_config(args):
     """Resolve preset, layers file and overrides into one scenario dict."""
     from .model import load_workload
@@ -155,6 +204,9 @@ def build_config(args):
     if units['gpus_per_node'] < 1:
         raise ValueError('--gpus-per-node must be >= 1, got %r' % (units['gpus_per_node'],))
     network = Network.from_units(**units)
+    cpu, cpu_from = host_cpu(args, network.algorithm)
+    if cpu is not None:
+        network = replace(network, cpu=cpu)
 
     bucket_mb = args.bucket_mb if args.bucket_mb is not None else (
         preset.bucket_mb if preset else DEFAULT_BUCKET_MB)
@@ -176,7 +228,7 @@ def build_config(args):
     return dict(preset=preset, workload=workload, network=network, bucket_mb=bucket_mb,
                 ks=ks, baseline=baseline, overlap=overlap, barrier=args.barrier,
                 wire_dtype=getattr(args, 'wire_dtype', 'float32'),
-                report_images=preset.report_images if preset else None)
+                report_images=preset.report_images if preset else None, cpu_from=cpu_from)
 
 
 def _baseline_label(cfg):
@@ -204,6 +256,12 @@ def format_table(cfg, rows):
     lines.append('  network: %(algorithm)s allreduce, %(gpus_per_node)d GPUs/node; inter-node '
                  '%(bandwidth_gbit)g Gbit/s, %(latency_us)g us; intra-node '
                  '%(intra_bandwidth_gbit)g Gbit/s, %(intra_latency_us)g us' % u)
+    if net.cpu is not None:
+        lines.append("  host CPU: %g cores per server for the exchange's work; per byte: sum "
+                     '%.3g, copy %.3g, TCP %.3g ns (%s)' % (
+                         net.cpu.cores, net.cpu.sum_s_per_byte * 1e9,
+                         net.cpu.copy_s_per_byte * 1e9, net.cpu.tcp_s_per_byte * 1e9,
+                         cfg.get('cpu_from') or 'given'))
     bucket = ('%s, cap %g MiB' % (_plural(len(o0.messages), 'bucket'), cfg['bucket_mb'])
               if cfg['bucket_mb'] else 'no bucketing')
     lines.append('  overlapped: %s per step (%s) during backprop, one FIFO '
@@ -272,6 +330,10 @@ def results_json(cfg, rows, final):
                      'grad_bytes': wl.grad_bytes, 'forward_s': wl.forward_s,
                      'backward_s': wl.backward_s, 'per_worker_batch': wl.per_worker_batch},
         'network': _network_units(net),
+        'host_cpu': None if net.cpu is None else {
+            'cores': net.cpu.cores, 'sum_s_per_byte': net.cpu.sum_s_per_byte,
+            'copy_s_per_byte': net.cpu.copy_s_per_byte,
+            'tcp_s_per_byte': net.cpu.tcp_s_per_byte, 'from': cfg.get('cpu_from')},
         'bucket_mb': cfg['bucket_mb'],
         'baseline_gpus': cfg['baseline'],
         'mode': 'overlap' if cfg['overlap'] else 'serial',
