@@ -72,13 +72,34 @@ def test_a_dead_rank_keeps_hydras_report_but_not_its_trail(monkeypatch):
     assert 'PID 9205 RUNNING AT vm' in shown and 'Killed (signal 9)' in shown
     assert 'launcher returned error' not in shown and len(gate.held) == 7
     assert report.pid == 9205 and report.signal == 9           # the report still sees all
-    # nothing ended: nothing held, no summary
-    assert _run(HYDRA_STOPPED, EndingFilter()) == HYDRA_STOPPED.decode()
+    # nothing ended (no rank named, no stop): hydra's trail comes after all, as it
+    # was, before the launcher's line, and no summary
+    gate, err = EndingFilter(), io.StringIO()
+    assert _run(HYDRA_STOPPED, gate) == ''
+    _last_words(gate, 'theanompi-ext: the last', err)
+    assert err.getvalue() == HYDRA_STOPPED.decode() + 'theanompi-ext: the last\n'
     assert EndingFilter().summary() is None
     monkeypatch.setenv(exit_noise.SHOW_VAR, '1')               # to debug MPI itself
     gate = EndingFilter()
     gate.begin(banner=True)
     assert _run(HYDRA_STOPPED, gate) == HYDRA_STOPPED.decode()
+
+
+def test_the_trail_before_the_report_of_a_far_rank_is_held():
+    """A rank dead on another host: this host's proxy and mpiexec write their trail
+    on standard error before mpiexec's banner on standard output names the rank
+    (measured, check-equivalence on 2 emulated hosts): held all the same."""
+    gate, report, err = EndingFilter(), LauncherReport(), io.StringIO()
+    assert _run(b'rank 0: step 1\n' + HYDRA_STOPPED, gate, report) == 'rank 0: step 1\n'
+    banner = HYDRA_BANNER.replace(b'15', b'9').replace(b'vm', b'tmxh1')
+    shown = _run(banner.replace(b'YOUR APPLICATION TERMINATED', b'x'), gate, report)
+    assert 'PID 9205 RUNNING AT tmxh1' in shown and report.host == 'tmxh1'
+    _last_words(gate, 'theanompi-ext: rank 1 of 2 (pid 9205 on tmxh1) died', err)
+    assert err.getvalue().splitlines() == [
+        "theanompi-ext: 7 lines of mpiexec's own while the job ended not shown (the last: "
+        "process manager error waiting for completion; "
+        "THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN=1 shows them)",
+        'theanompi-ext: rank 1 of 2 (pid 9205 on tmxh1) died']
 
 
 def test_open_mpis_line_after_an_abort_is_held():

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
+from support.hosts import cmdline, emulated_hosts, everything_gone, ns_pids
 from support.paths import ROOT
 from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
-from theanompi_ext.launch.emulated_hosts import EmulatedHosts, hosts_problem
 from theanompi_ext.launch.hostlists import format_hostfile
 from theanompi_ext.train import checkpoint
 
@@ -38,11 +38,7 @@ TRAIN = ['train', '--model', 'digits_cnn', '--epochs', '200', '--warmup',
 
 @pytest.fixture(scope='module')
 def eh():
-    why = hosts_problem()
-    if why:
-        pytest.skip(why)
-    with EmulatedHosts(hosts=2, ranks_per_host=2) as hosts:
-        yield hosts
+    yield from emulated_hosts(hosts=2, ranks_per_host=2)
 
 
 class Job(object):
@@ -74,10 +70,10 @@ class Job(object):
 
     def ranks(self, host):
         """PIDs of the training ranks on ``host``."""
-        return [p for p in self.eh_pids(host) if b'theanompi_ext.train.worker' in _cmdline(p)]
+        return [p for p in self.eh_pids(host) if b'theanompi_ext.train.worker' in cmdline(p)]
 
     def eh_pids(self, host):
-        return _pids(self.eh.namespace(host))
+        return ns_pids(self.eh.namespace(host))
 
     def end(self):
         """Wait for the launcher; returns (status, seconds since called)."""
@@ -94,32 +90,6 @@ class Job(object):
         self.log.flush()
         self.log.seek(0)
         return self.log.read()
-
-
-def _pids(ns):
-    out = subprocess.run(['ip', 'netns', 'pids', ns], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _cmdline(pid):
-    try:
-        with open('/proc/%d/cmdline' % pid, 'rb') as f:
-            return f.read()
-    except OSError:
-        return b''
-
-
-def everything_gone(eh, since, limit=30.0):
-    """Seconds from ``since`` until no process is left in any namespace of ``eh``;
-    fails naming what is left after ``limit``."""
-    spaces = [eh.hub] + [eh.namespace(h) for h in eh.hosts]
-    deadline = time.monotonic() + limit
-    while any(_pids(ns) for ns in spaces):
-        if time.monotonic() > deadline:
-            left = {ns: [(p, _cmdline(p)[:80]) for p in _pids(ns)] for ns in spaces}
-            pytest.fail('left running: %r' % left)
-        time.sleep(0.02)
-    return time.monotonic() - since
 
 
 def whole_checkpoint(job):

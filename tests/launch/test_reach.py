@@ -107,3 +107,18 @@ def test_open_mpis_report_of_a_lost_peer_on_another_host():
     msg, _ = explain(14, rep, {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh0', 'running'),
                                2: (3, 'tmxh1', 'running'), 3: (4, 'tmxh1', 'running')}, 4)
     assert msg.startswith('theanompi-ext: a rank on tmxh1 (one of ranks 2, 3) died: ')
+    # only the rank's own MPI error (measured: Open MPI left its text out, 1 run in 3):
+    # the running rank off the host that saw it is the one named
+    rep = LauncherReport()
+    for line in OPENMPI_PEER_LOST.splitlines(True)[9:]:
+        rep.feed(line)
+    assert rep.peer_lost == (None, 'tmxh0') and rep.pid is None
+    msg, status = explain(14, rep, {0: (13393, 'tmxh0', 'running'),
+                                    1: (13400, 'tmxh1', 'running')}, 2)
+    assert status == 3 and msg.startswith(
+        'theanompi-ext: rank 1 of 2 (pid 13400 on tmxh1) died: a rank on tmxh0 saw its '
+        'connection closed (Open MPI: "An error occurred in Socket closed")')
+    assert culprit(msg) == (1, 'tmxh1')
+    msg, _ = explain(14, rep, {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh1', 'running'),
+                               2: (3, 'tmxh2', 'running')}, 3)
+    assert msg.startswith('theanompi-ext: a rank on another host (one of ranks 1, 2) died: ')

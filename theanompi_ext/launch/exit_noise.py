@@ -22,6 +22,13 @@ banner, which then only reports the launcher's own signal), so that
 :meth:`EndingFilter.summary` can say how many there were and the last one's
 words. Lines of the ranks themselves pass, except Open MPI's own
 ``[HOST:PID]`` lines, which its library may also write inside a rank.
+
+hydra's error trail (``[mpiexec@H]``/``[proxy:N@H] FUNCTION (FILE:LINE): ...``)
+is held even before the end begins: a rank dead on another host makes the
+proxy of this host write it, on standard error, before (or after) mpiexec's
+banner on standard output names the rank (measured, 2 emulated hosts). Held
+lines of a job that did not end that way (no report of a rank, no stop) are
+shown as they were, before the launcher's line (:meth:`EndingFilter.unheld`).
 """
 import os
 import re
@@ -30,6 +37,8 @@ import threading
 #: mpiexec's own lines: hydra's ``[mpiexec@HOST] ...`` and ``[proxy:N@HOST] ...``,
 #: Open MPI's ``[HOST:PID] ...``.
 HYDRA_LINE = re.compile(rb'^\s*\[(?:(?:mpiexec|proxy:[^\]@]*)@[^\]]*|[^\]\s:@]+:\d+)\]\s*(.*)')
+#: hydra's error trail: ``[mpiexec@H] FUNCTION (FILE:LINE): words``, ``[proxy:N@H] ...``.
+HYDRA_TRAIL = re.compile(rb'^\s*\[(?:mpiexec|proxy:[^\]@]*)@[^\]]*\]\s*\S+ \([^()]*:\d+\):')
 #: hydra's banner of a process that ended badly, and the lines around it.
 BANNER_LINE = re.compile(rb'^(?:=+\s*$|=   |YOUR APPLICATION TERMINATED|This typically refers|'
                          rb'Please see the FAQ page)')
@@ -50,21 +59,37 @@ class EndingFilter(object):
         self._show = os.environ.get(SHOW_VAR, '') not in ('', '0')
         self._lock = threading.Lock()
         self.held = []
+        self._early = []        # hydra's trail before the end began
 
     def begin(self, banner=False):
         """The job is ending: hold hydra's lines from now; with ``banner`` (a stop
         signal) its banner too (after a rank's death the banner is the report)."""
         self._banner = self._banner or banner
-        self._ending.set()
+        with self._lock:
+            self._ending.set()
+            self.held[:0], self._early = self._early, []
 
     def let(self, line):
         """True to show ``line`` (bytes); False when it is held back."""
-        if self._show or not self._ending.is_set() or not (HYDRA_LINE.match(line) or (
-                self._banner and BANNER_LINE.match(line))):
+        if self._show:
             return True
         with self._lock:
+            if not self._ending.is_set():
+                if HYDRA_TRAIL.match(line):
+                    self._early.append(line)
+                    return False
+                return True
+            if not (HYDRA_LINE.match(line) or (self._banner and BANNER_LINE.match(line))):
+                return True
             self.held.append(line)
         return False
+
+    def unheld(self):
+        """hydra's trail lines held while the end never began (none once it has):
+        the lines to show after all, in their order (each bytes)."""
+        with self._lock:
+            early, self._early = self._early, []
+        return early
 
     def summary(self):
         """One line on what was held, or None when nothing was."""

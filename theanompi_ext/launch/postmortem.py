@@ -104,18 +104,22 @@ def _unfinished(who, of, why):
 
 
 def _peer_lost(lost, notes, of):
-    """The message and status of a rank on host ``lost[0]`` whose connection closed
-    under a rank on ``lost[1]`` (Open MPI: the latter aborted, and is all it names)."""
+    """The message and status of a rank on host ``lost[0]`` (None: on a host other
+    than ``lost[1]``) whose connection closed under a rank on ``lost[1]`` (Open
+    MPI: the latter aborted, and is all it names)."""
     host, seen_from = lost
-    gone = sorted(r for r, (_, h, state) in notes.items() if h == host and state == 'running')
+    gone = sorted(r for r, (_, h, state) in notes.items() if state == 'running' and (
+        h == host if host else h != seen_from))
     if len(gone) == 1:
-        who = 'rank %d%s (pid %d on %s)' % (gone[0], of, notes[gone[0]][0], host)
+        who = 'rank %d%s (pid %d on %s)' % (gone[0], of, notes[gone[0]][0], notes[gone[0]][1])
     else:
-        who = 'a rank on %s%s' % (host, ' (one of ranks %s)' % ', '.join(map(str, gone))
-                                  if gone else '')
-    return ('theanompi-ext: %s died: a rank on %s saw its connection closed (Open MPI: "peer '
-            'process has unexpectedly disconnected"); mpiexec stopped the other ranks (exit '
-            'status %d)' % (who, seen_from, EXIT_FAILED)), EXIT_FAILED
+        who = 'a rank on %s%s' % (host or 'another host', ' (one of ranks %s)' % ', '.join(
+            map(str, gone)) if gone else '')
+    words = 'peer process has unexpectedly disconnected' if host else \
+        'An error occurred in Socket closed'
+    return ('theanompi-ext: %s died: a rank on %s saw its connection closed (Open MPI: "%s"); '
+            'mpiexec stopped the other ranks (exit status %d)'
+            % (who, seen_from, words, EXIT_FAILED)), EXIT_FAILED
 
 
 def _ended_by_ranks(status, report, notes, of):
@@ -361,8 +365,10 @@ def _last_words(gate, message, err, heading=None, shown=()):
     """Write ``heading`` (the caller's line on the failure, if any), what ``gate``
     held back, in one line, then ``message``: the launcher's last, on ``err``;
     on a line of their own when the job's last line shown (``shown``) was left
-    open (a rank's progress line, rewritten in place)."""
-    lines = [line for line in (heading, gate.summary(), message) if line]
+    open (a rank's progress line, rewritten in place). hydra's trail of a job
+    that ended otherwise (:meth:`~.exit_noise.EndingFilter.unheld`) comes first."""
+    lines = [line.decode('utf-8', 'replace').rstrip('\n') for line in gate.unheld()]
+    lines += [line for line in (heading, gate.summary(), message) if line]
     if lines and shown and not shown[-1].endswith(b'\n'):
         err.write('\n')
     for line in lines:
