@@ -122,3 +122,10 @@ def test_open_mpis_report_of_a_lost_peer_on_another_host():
     msg, _ = explain(14, rep, {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh1', 'running'),
                                2: (3, 'tmxh2', 'running')}, 3)
     assert msg.startswith('theanompi-ext: a rank on another host (one of ranks 1, 2) died: ')
+    # but rank 0's own abort (its watchdog) seen on tmxh0, then the line from tmxh1:
+    # no lost peer, the abort is the story
+    rep = LauncherReport()
+    lines = OPENMPI_PEER_LOST.splitlines(True)
+    for line in lines[11:] + [ln.replace(b'tmxh0', b'tmxh1') for ln in lines[9:11]]:
+        rep.feed(line)
+    assert rep.aborted == (0, 'tmxh0', None) and rep.peer_lost is None

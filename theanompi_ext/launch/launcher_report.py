@@ -112,6 +112,14 @@ class LauncherReport(object):
 
     def feed(self, line):
         """Look at one line (bytes) of the job's output, standard output or error."""
+        self._feed(line)
+        lost, aborted = self.peer_lost, self.aborted
+        if lost and lost[0] is None and aborted and aborted[1] not in (None, lost[1]):
+            # a lone "Socket closed" on another host than the rank that aborted: that
+            # abort was the rank's own (a watchdog, an error), the socket closed after it
+            self.peer_lost = None
+
+    def _feed(self, line):
         self._feed_hydra(line)
         self._feed_disconnect(line)
         self._window = (self._window + [line.strip()])[-_OMPI_WINDOW:]
