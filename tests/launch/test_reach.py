@@ -129,3 +129,15 @@ def test_open_mpis_report_of_a_lost_peer_on_another_host():
     for line in lines[11:] + [ln.replace(b'tmxh0', b'tmxh1') for ln in lines[9:11]]:
         rep.feed(line)
     assert rep.aborted == (0, 'tmxh0', None) and rep.peer_lost is None
+    # rank 1 of 2 on tmxh0 raised (its note: failed 3) and aborted; rank 0, on the same
+    # host, printed the lost socket after it: the rank's own error is the story
+    rep = LauncherReport()
+    for line in [ln.replace(b'rank 0 with PID 13393', b'rank 1 with PID 13394')
+                 for ln in lines[9:]]:
+        rep.feed(line)
+    assert rep.aborted == (1, 'tmxh0', None) and rep.peer_lost == (None, 'tmxh0')
+    msg, status = explain(3, rep, {0: (13393, 'tmxh0', 'running'),
+                                   1: (13394, 'tmxh0', 'failed 3'),
+                                   2: (13400, 'tmxh1', 'running')}, 3)
+    assert (msg, status) == ('theanompi-ext: rank 1 of 3 (pid 13394 on tmxh0) ended the job '
+                             '(exit status 3); its own line above says why', 3)

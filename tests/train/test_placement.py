@@ -1,6 +1,7 @@
 """The first lines of a run (where each rank runs) and the check that every host sees
 --out (train/placement.py, train/outdir.unseen_by_this_host), with a stand-in
 communicator; and MPI_Abort's fallback when the launcher cannot be reached."""
+import os
 import socket
 import subprocess
 import sys
@@ -75,3 +76,23 @@ def test_mpi_abort_that_returns_at_once_still_ends_the_daemon():
                          text=True)
     assert res.stdout.strip() == '4' and res.returncode == -9, res
     assert time.monotonic() - t0 < 10
+
+
+def test_an_abort_leaves_the_ranks_note(tmp_path):
+    """Once a rank has noted itself for the launcher, any abort of the job by it (the
+    watchdog's too, which no ``except`` sees) leaves ``failed N`` first; a failing
+    hook of before_abort does not stop the abort."""
+    from theanompi_ext.launch.rank_notes import RANKS_DIR_VAR, read_rank_notes
+    code = ('import os\nfrom theanompi_ext.collective.abort_alone import abort, before_abort\n'
+            'from theanompi_ext.train import faults\n'
+            'before_abort(lambda c: 1 / 0)\n'
+            'faults.note_rank("running", rank=3)\n'
+            'faults.note_rank("running", rank=3)\n'
+            'from theanompi_ext.collective import abort_alone\n'
+            'assert len(abort_alone._BEFORE_ABORT) == 2, abort_alone._BEFORE_ABORT\n'
+            'abort(lambda c: os._exit(c), 4, alone_s=5)\n')
+    res = subprocess.run([sys.executable, '-c', code], timeout=20, capture_output=True,
+                         text=True, env=dict(os.environ, **{RANKS_DIR_VAR: str(tmp_path)}))
+    assert res.returncode == 4, res.stderr
+    (_, _, state), = read_rank_notes(str(tmp_path)).values()
+    assert state == 'failed 4' and list(read_rank_notes(str(tmp_path))) == [3]

@@ -84,10 +84,28 @@ def watch_daemon(alone_s=ABORT_ALONE_S):
         return None        # the timer below still covers an MPI_Abort that waits
 
 
+#: Callables ``fn(code)`` run just before this rank aborts (:func:`before_abort`).
+_BEFORE_ABORT = []
+
+
+def before_abort(fn):
+    """Have ``fn(code)`` called in this rank just before it aborts the job, whoever
+    aborts it (a rank's error, the watchdog): e.g. the note the launcher reads to
+    name the rank (train/faults.py). An exception in ``fn`` never stops the abort."""
+    if fn not in _BEFORE_ABORT:
+        _BEFORE_ABORT.append(fn)
+
+
 def abort(mpi_abort, code, alone_s=ABORT_ALONE_S):
     """``mpi_abort(code)``, and :func:`end_alone` if it has not ended this process
     within ``alone_s`` seconds; this rank's MPI daemon ends within ``alone_s``
-    seconds in any case (:func:`watch_daemon`)."""
+    seconds in any case (:func:`watch_daemon`). The :func:`before_abort` callables
+    run first."""
+    for fn in list(_BEFORE_ABORT):
+        try:
+            fn(code)
+        except Exception:       # noqa: B902 - the abort must happen
+            pass
     watch_daemon(alone_s)
     timer = threading.Timer(alone_s, end_alone, (code,))
     timer.daemon = True

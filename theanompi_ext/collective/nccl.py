@@ -343,7 +343,8 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
             except Exception:
                 pass
             self._nccl = None
-        self.comm.Abort(code)
+        from .abort_alone import abort
+        abort(self.comm.Abort, code)     # as the MPI backends: also a launcher out of reach
 
     def close(self):
         if self._nccl is None:

@@ -122,6 +122,14 @@ def _peer_lost(lost, notes, of):
             % (who, seen_from, words, EXIT_FAILED)), EXIT_FAILED
 
 
+def _failed_itself(report, notes):
+    """The rank MPI names as aborting noted its own error (``failed N``): its abort,
+    not a lost connection, ended the job (its peers' sockets closed after it). A rank
+    that lost a peer is aborted by MPI's error handler, its note still ``running``."""
+    return report.aborted is not None and notes.get(
+        report.aborted[0], (0, '', ''))[2].startswith('failed')
+
+
 def _ended_by_ranks(status, report, notes, of):
     """The launcher's line for a job that its own ranks ended (a rank's error or
     watchdog message above says why): the aborting rank (``report.aborted``),
@@ -162,7 +170,8 @@ def explain(status, report, notes, size=None, first_exit=None):
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
                         for r in vanished)
         return _unfinished(who, of, 'although mpiexec reported success')
-    if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT:
+    if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT and \
+            not _failed_itself(report, notes):
         return _peer_lost(report.peer_lost, notes, of)
     if report.pid is None:
         return _ended_by_ranks(status, report, notes, of), status

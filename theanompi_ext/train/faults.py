@@ -24,7 +24,12 @@ def stop_with_parent():
 
 
 def note_rank(state, rank=None):
-    """Record this rank's state for the launcher (no-op unless it asked for notes)."""
+    """Record this rank's state for the launcher (no-op unless it asked for notes).
+
+    From the first note on, an abort of the job by this rank (the watchdog's,
+    which is no exception of the training code) also leaves ``failed N``: the
+    launcher then names this rank as the one that ended the job.
+    """
     folder = os.environ.get(RANKS_DIR_VAR)
     if not folder:
         return
@@ -32,6 +37,25 @@ def note_rank(state, rank=None):
         from ..collective.world import world_comm
         rank = world_comm().Get_rank()
     write_rank_note(folder, rank, state)
+    from ..collective.abort_alone import before_abort
+    before_abort(_AbortNote(folder, rank))
+
+
+class _AbortNote(object):
+    """``failed N`` in rank ``rank``'s note when it aborts with N (equal per rank and
+    folder, so that it is registered once)."""
+
+    def __init__(self, folder, rank):
+        self.key = (folder, rank)
+
+    def __eq__(self, other):
+        return isinstance(other, _AbortNote) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __call__(self, code):
+        write_rank_note(self.key[0], self.key[1], 'failed %d' % code)
 
 
 # Options a rank may set on its own: they change no collective. ``data`` may be
