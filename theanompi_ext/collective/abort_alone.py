@@ -96,16 +96,21 @@ def before_abort(fn):
         _BEFORE_ABORT.append(fn)
 
 
-def abort(mpi_abort, code, alone_s=ABORT_ALONE_S):
-    """``mpi_abort(code)``, and :func:`end_alone` if it has not ended this process
-    within ``alone_s`` seconds; this rank's MPI daemon ends within ``alone_s``
-    seconds in any case (:func:`watch_daemon`). The :func:`before_abort` callables
-    run first."""
+def run_before_abort(code):
+    """Call the :func:`before_abort` callables with ``code`` (their errors ignored)."""
     for fn in list(_BEFORE_ABORT):
         try:
             fn(code)
         except Exception:       # noqa: B902 - the abort must happen
             pass
+
+
+def abort(mpi_abort, code, alone_s=ABORT_ALONE_S):
+    """``mpi_abort(code)``, and :func:`end_alone` if it has not ended this process
+    within ``alone_s`` seconds; this rank's MPI daemon ends within ``alone_s``
+    seconds in any case (:func:`watch_daemon`). The :func:`before_abort` callables
+    run first."""
+    run_before_abort(code)
     watch_daemon(alone_s)
     timer = threading.Timer(alone_s, end_alone, (code,))
     timer.daemon = True

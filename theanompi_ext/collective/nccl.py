@@ -343,8 +343,9 @@ class NCCLCommunicator(SizeChecked, ObjectsOverMPI, Communicator):
             except Exception:
                 pass
             self._nccl = None
-        from .abort_alone import abort
-        abort(self.comm.Abort, code)     # as the MPI backends: also a launcher out of reach
+        from .abort_alone import run_before_abort
+        run_before_abort(code)           # the rank's note for the launcher, as the MPI backends
+        self.comm.Abort(code)
 
     def close(self):
         if self._nccl is None:
