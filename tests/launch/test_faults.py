@@ -347,6 +347,11 @@ def test_openmpi_report_is_told_like_hydras():
     assert status == 3 and re.search(
         r'rank 1 \(pid 13736 on a-longer-host-name\) of 2 ended without finishing training '
         r'.*; the run is incomplete \(exit status 3\)', msg), msg
+    # Open MPI named no rank this process maps to (PID 0, no rank): the status alone
+    bare = _report(OPENMPI_IMPROPER)
+    bare.rank, bare.pid = None, 0
+    assert explain(1, bare, {}, 2) == (
+        "theanompi-ext: the job ended with exit status 1; the ranks' lines above say why", 1)
     # a rank that had finished training: told as such, with Open MPI's status
     assert explain(1, rep, {**notes, 1: (13736, 'h', 'done 0')}, 2) == (
         'theanompi-ext: rank 1 of 2 (pid 13736 on a-longer-host-name) exited without '

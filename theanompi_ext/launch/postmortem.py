@@ -182,8 +182,10 @@ def explain(status, report, notes, size=None, first_exit=None):
     if report.unfinished:
         # Open MPI: a rank ended without MPI_Finalize; one that had not finished
         # training is the silent case above, told the same way
-        if rank is None or notes.get(rank, (0, '', 'running'))[2] != 'running':
-            return ('theanompi-ext: rank %s%s (pid %d on %s) exited without finalizing MPI '
+        if rank is None:
+            return _ended_by_ranks(status, report, notes, of), status
+        if notes.get(rank, (0, '', 'running'))[2] != 'running':
+            return ('theanompi-ext: rank %d%s (pid %d on %s) exited without finalizing MPI '
                     'after it had finished training; mpiexec ended the job (exit status %d)'
                     % (rank, of, pid, host, status)), status
         return _unfinished('rank %d (pid %d on %s)' % (rank, pid, host), of,
