@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from support.paths import ROOT
+from support.paths import ROOT, root_on_path
 from support.procs import alive
 from theanompi_ext.launch.emulated_hosts import (PREFIX, EmulatedHosts, cleanup_stale,
                                                  hosts_problem)
@@ -253,8 +253,7 @@ def test_check_equivalence_across_hosts(tmp_path):
     hostfile = tmp_path / 'hosts'
     hostfile.write_text('tmxh0:1\ntmxh1:1\n')
     with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
-        env = eh.env(dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])))
+        env = eh.env(root_on_path())
         res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli', 'check-equivalence',
                               '--workers', '2', '--steps', '3', '--hostfile', str(hostfile)],
                              capture_output=True, text=True, timeout=400, cwd=str(tmp_path),

@@ -23,7 +23,7 @@ import pytest
 from support.every_path import (CHECK_EQUIVALENCE, KILL_RANK_1, last_lines, no_trail,
                                 reported, session_argv, trials_argv)
 from support.hosts import emulated_hosts, everything_gone
-from support.paths import ROOT
+from support.paths import root_on_path
 
 pytestmark = pytest.mark.root
 
@@ -54,8 +54,7 @@ def eh():
 def _run(eh, name, argv, cwd):
     """``python -m argv`` (the path ``name``) in ``cwd`` (which every host sees) on
     the emulated hosts, rank 1 killed; the CompletedProcess, once every host is clear."""
-    path = [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
-    env = eh.env(dict(os.environ, PYTHONPATH=os.pathsep.join(path), **KILL_RANK_1))
+    env = eh.env(root_on_path(**KILL_RANK_1))
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, '-m'] + argv, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=str(cwd), env=env,

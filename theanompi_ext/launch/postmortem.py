@@ -135,9 +135,8 @@ def _ended_by_ranks(status, report, notes, of):
     watchdog message above says why): the aborting rank (``report.aborted``),
     else the ranks whose notes say ``failed``, with their hosts; the job's
     status whatever mpiexec's words, so that the last line is always ours."""
-    failed = sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
-    if report.aborted is not None:
-        failed = [report.aborted[0]]
+    failed = [report.aborted[0]] if report.aborted is not None else sorted(
+        r for r, (_, _, state) in notes.items() if state.startswith('failed'))
     if not failed:
         return ('theanompi-ext: the job ended with exit status %d; the ranks\' lines above '
                 'say why' % status)
