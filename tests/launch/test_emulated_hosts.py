@@ -234,6 +234,34 @@ def test_rank_that_dies_before_mpi_starts_ends_the_job(tmp_path):
     assert not left, left
 
 
+def test_far_host_without_the_mpi(tmp_path):
+    """The far host lacks the folder of the MPI's programs (empty there): hydra's proxy
+    or Open MPI's daemon is not found on it, and the launcher names the host and the
+    missing program (status 2), where MPI's own lines name neither (MPICH) or the host
+    alone (Open MPI); nothing is left on either host."""
+    folder = os.path.dirname(find_mpiexec())
+    if not folder.startswith((sys.prefix, ROOT)):
+        pytest.skip('the MPI is the system\'s (%s): hiding its folder on a host would hide '
+                    'the shell too' % folder)
+    with EmulatedHosts(hosts=2, ranks_per_host=1, unshared={1: [folder]}) as eh:
+        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
+                             ['--workers', '2', '--out', str(tmp_path / 'run'),
+                              '--hostfile', eh.hostfile],
+                             capture_output=True, text=True, timeout=200, cwd=ROOT,
+                             env=eh.env())
+        left = _left_running(eh)
+    last = res.stderr.replace('\0', '').strip().splitlines()[-1]
+    assert res.returncode == 2, res.stdout + res.stderr[-4000:]
+    assert last.endswith('no rank was started (exit status 2)'), last
+    # Open MPI's banner names the host; hydra's lines do not, the shell's the program
+    expected = ("theanompi-ext: host tmxh1 could not start Open MPI's daemon (prted; exit "
+                "status 127, not found): install the same Open MPI on every host"
+                if eh.openmpi else "theanompi-ext: host tmxh1 has no %s (the MPI launcher's "
+                "program" % os.path.join(folder, 'hydra_pmi_proxy'))
+    assert last.startswith(expected), last
+    assert not left, left
+
+
 def _left_running(eh, limit=10.0):
     """What still runs in the namespaces of ``eh`` after ``limit`` seconds ({} if nothing)."""
     spaces = [eh.hub] + [eh.namespace(h) for h in eh.hosts]

@@ -8,8 +8,11 @@ After each fault: the launcher's exit status and message name the rank and
 its host, every process on every host (each namespace's process list: the
 hub's mpiexec, each host's hydra proxy and ranks) is gone within the bound
 of docs/faults.md, and the last checkpoint is whole. The measured times are
-printed (``pytest -s``) and quoted in docs/faults.md. Also: a host the
-launcher cannot reach is named (status 2). Root only (network namespaces).
+printed (``pytest -s``) and quoted in docs/faults.md. Also, each ending
+with status 2 naming the host, before any rank started: a host the launcher
+cannot reach, a host whose link is down when the job starts (it cannot call
+back); a host without the MPI's launcher program: test_emulated_hosts.py.
+Root only (network namespaces).
 """
 import os
 import re
@@ -23,6 +26,7 @@ import pytest
 from support.hosts import cmdline, emulated_hosts, everything_gone, ns_pids
 from support.paths import ROOT
 from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
+from theanompi_ext.launch.emulated_hosts import HUB_ADDRESS
 from theanompi_ext.launch.hostlists import format_hostfile
 from theanompi_ext.train import checkpoint
 
@@ -215,3 +219,32 @@ def test_unreachable_host(eh, tmp_path):
                      r"true` failed with status 255: ssh: Could not resolve hostname nohost", text), \
         text[-3000:]
     assert 'tmxh0' not in text.splitlines()[-1]
+
+
+def _not_started(job, t0):
+    """The job's last line (status 2 expected of the caller), once every host is clear."""
+    t_gone = everything_gone(job.eh, t0)
+    text = job.text().replace('\0', '').strip()
+    assert text.endswith('no rank was started (exit status 2)'), text[-3000:]
+    return text.splitlines()[-1], t_gone
+
+
+def test_link_down_at_start(eh, tmp_path):
+    """tmxh1's link down while the job starts: its proxy (MPICH) or daemon (Open MPI)
+    cannot call back to the launcher, and the launcher names the host (status 2)."""
+    eh.cut('tmxh1')
+    try:
+        job = Job(eh, str(tmp_path))
+        t0 = time.monotonic()
+        rc, _ = job.end()
+        last, t_gone = _not_started(job, t0)
+    finally:
+        eh.restore('tmxh1')
+    print('\nlink of tmxh1 down at the start -> launcher exit %.2f s, every host clear %.2f s'
+          % (time.monotonic() - t0, t_gone))
+    assert rc == 2, job.text()[-3000:]
+    assert last.startswith(
+        "theanompi-ext: host tmxh1: Open MPI's daemon (prted) did not report back to the "
+        "launcher (its exit status 1): it could not reach the launcher's host" if eh.openmpi
+        else "theanompi-ext: host tmxh1 could not reach the launcher's host at %s ("
+        % HUB_ADDRESS), last

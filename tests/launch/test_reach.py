@@ -46,6 +46,68 @@ def test_watch_and_message(tmp_path):
         'host n7 could not reach the launcher\'s host at 10.0.0.1 (No route to host): ')
 
 
+def test_a_program_missing_on_one_host(tmp_path):
+    # hydra's lines name no host; the shell's names the program: each host is asked
+    # whether it has it (`AGENT HOST test -x PATH`), and only 'b' has not
+    agent, hosts = tmp_path / 'agent', tmp_path / 'hosts'
+    agent.write_text('#!/bin/sh\nhost=$1; shift\n[ "$host" = b ] && [ "$1" = test ] && exit 1\n'
+                     'exit 0\n')
+    agent.chmod(agent.stat().st_mode | stat.S_IEXEC)
+    hosts.write_text('a:1\nb:1\n')
+    w = LaunchWatch()
+    w.feed(b'bash: line 1: /opt/mpi/bin/hydra_pmi_proxy: No such file or directory\n')
+    assert explain_launch(w, str(hosts), str(agent)) is None      # not a failed launch
+    w.feed(b'[mpiexec@vm] ui_cmd_cb (pmiserv_pmci.c:51): Launch proxy failed.\n')
+    assert explain_launch(w, str(hosts), str(agent)).startswith(
+        "host b has no /opt/mpi/bin/hydra_pmi_proxy (the MPI launcher's program")
+    # every host has it: nothing is guessed, the agent's own name is said
+    w.missing = '/bin/sh'
+    hosts.write_text('a:1\n')
+    assert explain_launch(w, str(hosts), str(agent)) == (
+        "mpiexec could not start its proxies on every host (a), and each answers "
+        "`agent HOST true`: see mpiexec's lines above")
+
+
+OPENMPI_NO_REPORT = b"""------------------------------------------------------------
+A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries. In some cases, the daemon was
+able to execute, but was unable to complete a TCP connection
+back to prterun:
+
+  Local host:    vm
+  Remote host:   tmxh1
+  Daemon exit status: %d
+
+This may also be caused by a firewall on the remote host. Please
+check that any firewall (e.g., iptables) has been disabled and
+try again.
+------------------------------------------------------------
+"""
+
+
+def test_open_mpis_daemon_that_did_not_report_back():
+    # measured, Open MPI 5: the far host's link down at the start (status 1), prted
+    # missing there (127); the banner names the host, not the launcher's
+    for status, start in ((1, "host tmxh1: Open MPI's daemon (prted) did not report back "
+                              "to the launcher (its exit status 1): it could not reach"),
+                          (127, "host tmxh1 could not start Open MPI's daemon (prted; exit "
+                                "status 127, not found)")):
+        w = LaunchWatch()
+        for line in (OPENMPI_NO_REPORT % status).splitlines(True):
+            w.feed(line)
+        assert w.failed and explain_launch(w, None).startswith(start), explain_launch(w, None)
+    # a second banner does not rename the host
+    w.feed(b'  Remote host:   tmxh2\n')
+    assert explain_launch(w, None).startswith('host tmxh1 ')
+    # a banner cut short (no host line): the generic words, with no host invented
+    w = LaunchWatch()
+    w.feed(OPENMPI_NO_REPORT.splitlines(True)[1])
+    assert explain_launch(w, None).startswith('mpiexec could not start its proxies on '
+                                              'every host, and each answers')
+
+
 HYDRA_FAR = b"""===================================================================================
 =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
 =   PID 3837 RUNNING AT tmxh1

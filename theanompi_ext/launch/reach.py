@@ -6,7 +6,9 @@ message is often lost as mpiexec exits within 15 ms). So after such a
 failure the launcher asks each host of the hostfile itself, with the agent
 hydra used (``ssh``, or :data:`AGENT_VAR`'s program: the emulated hosts'
 wrapper), in parallel and bounded; a proxy that started but could not call
-back (``unable to connect from "HOST" to "ADDRESS"``) names its host too.
+back (``unable to connect from "HOST" to "ADDRESS"``) names its host too,
+as does Open MPI's banner for a daemon (``prted``) that did not report back
+(``Remote host: HOST``, with the daemon's exit status).
 
 Before a launch, :func:`check_hosts` asks the same of every other host, so
 that every launch path (``train``, ``check-equivalence``, ``trials``, a
@@ -33,6 +35,17 @@ SCHEDULER_VARS = ('SLURM_JOB_ID', 'LSB_JOBID', 'PBS_JOBID', 'PE_HOSTFILE', 'FLUX
 #: Hydra's lines when a proxy could not be started, or could not call back.
 LAUNCH_FAILED = re.compile(rb'Launch proxy failed|unable to connect from "([^"]+)" to "([^"]+)"'
                            rb'(?: \(([^)]*)\))?')
+#: Open MPI's (PRRTE's) banner when a daemon it spawned did not call back, and
+#: the banner's lines that say where and how (measured, Open MPI 5.0.x).
+DAEMON_FAILED = b'A daemon failed to report back after being spawned'
+DAEMON_HOST = re.compile(rb'^\s*Remote host:\s*(\S+)')
+DAEMON_STATUS = re.compile(rb'^\s*Daemon exit status:\s*(-?\d+)')
+#: A shell's status for a command it did not find.
+NOT_FOUND_STATUS = 127
+#: A shell's words for a program it could not find (bash, dash): the program's path
+#: (hydra starts its proxy on each host by the launcher's own path, without the host).
+MISSING_PROGRAM = re.compile(rb'(/[^\s:]+): (?:No such file or directory|command not found'
+                             rb'|not found)\s*$')
 
 
 def hostfile_hosts(path):
@@ -42,29 +55,32 @@ def hostfile_hosts(path):
     return [h for h, _ in read_hostfile(path)]
 
 
-def probe(host, agent=None, timeout=PROBE_TIMEOUT_S):
-    """None when ``AGENT HOST true`` succeeds, else why not (the agent's last words)."""
+def probe(host, agent=None, timeout=PROBE_TIMEOUT_S, command=('true',)):
+    """None when ``AGENT HOST COMMAND`` (default ``true``) succeeds, else why not (the
+    agent's last words)."""
     agent = agent or os.environ.get(AGENT_VAR) or 'ssh'
     cmd = [agent] + (['-o', 'BatchMode=yes', '-o', 'ConnectTimeout=%d' % max(1, timeout)]
-                     if os.path.basename(agent) == 'ssh' else []) + [host, 'true']
+                     if os.path.basename(agent) == 'ssh' else []) + [host] + list(command)
+    shown = '%s %s %s' % (os.path.basename(agent), host, ' '.join(command))
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return '`%s %s true` did not answer within %g s' % (agent, host, timeout)
+        return '`%s` did not answer within %g s' % (shown, timeout)
     except OSError as exc:
         return 'cannot run the launcher agent %s: %s' % (agent, exc.strerror or exc)
     if res.returncode == 0:
         return None
     words = (res.stderr.strip() or res.stdout.strip()).splitlines()
-    return '`%s %s true` failed with status %d%s' % (
-        os.path.basename(agent), host, res.returncode, ': ' + words[-1] if words else '')
+    return '`%s` failed with status %d%s' % (shown, res.returncode,
+                                             ': ' + words[-1] if words else '')
 
 
-def unreachable(hosts, agent=None, timeout=PROBE_TIMEOUT_S):
-    """``[(host, why)]`` of the ``hosts`` that the launcher agent cannot reach."""
+def unreachable(hosts, agent=None, timeout=PROBE_TIMEOUT_S, command=('true',)):
+    """``[(host, why)]`` of the ``hosts`` where ``AGENT HOST COMMAND`` fails (default:
+    that the launcher agent cannot reach), all asked at once."""
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
-        whys = list(pool.map(lambda h: probe(h, agent, timeout), hosts))
+        whys = list(pool.map(lambda h: probe(h, agent, timeout, command), hosts))
     return [(h, w) for h, w in zip(hosts, whys) if w]
 
 
@@ -113,9 +129,26 @@ class LaunchWatch(object):
     def __init__(self):
         self.failed = False
         self.no_callback = None      # (host, address, why)
+        self.no_report = None        # Open MPI: [host, daemon status or None]
+        self.missing = None          # a program's path a shell did not find
 
     def feed(self, line):
         """Look at one line (bytes) of mpiexec's output."""
+        if DAEMON_FAILED in line:
+            self.failed = True
+            if self.no_report is None:
+                self.no_report = [None, None]
+            return
+        if self.no_report is not None:
+            # the first banner's lines name its host and status; later ones are kept out
+            host, status = DAEMON_HOST.match(line), DAEMON_STATUS.match(line)
+            if host and self.no_report[0] is None:
+                self.no_report[0] = host.group(1).decode('utf-8', 'replace')
+            elif status and self.no_report[1] is None:
+                self.no_report[1] = int(status.group(1))
+        missing = MISSING_PROGRAM.search(line)
+        if missing and self.missing is None:
+            self.missing = missing.group(1).decode('utf-8', 'replace')
         m = LAUNCH_FAILED.search(line)
         if m:
             self.failed = True
@@ -131,12 +164,37 @@ def explain_launch(watch, hostfile, agent=None):
         return ('host %s could not reach the launcher\'s host at %s%s: choose the interface '
                 'the hosts share (train --iface, docs/multinode.md) or open the firewall'
                 % (host, address, ' (%s)' % why if why else ''))
+    if watch.no_report and watch.no_report[0]:
+        return daemon_did_not_report(*watch.no_report)
     if not watch.failed:
         return None
     hosts = hostfile_hosts(hostfile) if hostfile and os.path.exists(hostfile) else []
     bad = unreachable(hosts, agent) if hosts else []
     if bad:
         return cannot_start(bad)
+    if hosts and watch.missing:
+        lacking = [h for h, _ in unreachable(hosts, agent, command=('test', '-x', watch.missing))]
+        if lacking:
+            return ('%s %s no %s (the MPI launcher\'s program, started there by the '
+                    'launcher\'s own path): install the same MPI on every host on the same '
+                    'path, or share the folder (docs/multinode.md)' % (
+                        'host' if len(lacking) == 1 else 'hosts', ', '.join(lacking)
+                        + (' has' if len(lacking) == 1 else ' have'), watch.missing))
     return ('mpiexec could not start its proxies on every host%s, and each answers '
-            '`ssh HOST true`: see mpiexec\'s lines above' % (
-                ' (%s)' % ', '.join(hosts) if hosts else ''))
+            '`%s HOST true`: see mpiexec\'s lines above' % (
+                ' (%s)' % ', '.join(hosts) if hosts else '',
+                os.path.basename(agent or os.environ.get(AGENT_VAR) or 'ssh')))
+
+
+def daemon_did_not_report(host, status):
+    """The words for Open MPI's daemon on ``host`` that did not call back (``status``:
+    its exit status, None when the banner had none)."""
+    if status == NOT_FOUND_STATUS:
+        return ('host %s could not start Open MPI\'s daemon (prted; exit status %d, not '
+                'found): install the same Open MPI on every host, on the same path or on '
+                'the PATH of a non-interactive shell there (docs/multinode.md)' % (host, status))
+    return ('host %s: Open MPI\'s daemon (prted) did not report back to the launcher%s: '
+            'it could not reach the launcher\'s host (choose the interface the hosts share: '
+            'train --iface, docs/multinode.md; or open the firewall), or could not start '
+            'there (the same Open MPI on every host)'
+            % (host, '' if status is None else ' (its exit status %d)' % status))
