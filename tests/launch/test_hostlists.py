@@ -6,7 +6,8 @@ import pytest
 
 from theanompi_ext.cli.commands import main
 from theanompi_ext.errors import BadInput
-from theanompi_ext.launch.hostlists import (format_hostfile, from_lsf, from_slurm,
+from theanompi_ext.launch.hostlists import (HostfileError, format_hostfile, from_lsf,
+                                            from_slurm, read_hostfile, slot_warnings,
                                             slurm_tasks_per_node)
 
 
@@ -40,6 +41,58 @@ def test_formats():
     hosts = [('a', 2), ('b', 1)]
     assert format_hostfile(hosts) == 'a:2\nb:1\n'
     assert format_hostfile(hosts, 'openmpi') == 'a slots=2\nb slots=1\n'
+
+
+def test_read_either_format_with_mpis_own_words(tmp_path):
+    f = tmp_path / 'h'
+    # hydra's and Open MPI's extra words pass; max_slots is not the host's slots
+    f.write_text('# nodes\nn1:2 binding=user:0,1\nn2 max_slots=8 slots=4\n\nn1:1  # again\n'
+                 'n3\n')
+    assert read_hostfile(str(f)) == [('n1', 3), ('n2', 4), ('n3', 1)]
+    f.write_text(format_hostfile([('a', 2), ('b', 1)], 'openmpi'))
+    assert read_hostfile(str(f)) == [('a', 2), ('b', 1)]
+
+
+@pytest.mark.parametrize('text,why', [
+    (None, 'cannot read it (No such file or directory)'),
+    ('', 'names no host (one per line'),
+    ('# only a comment\n\n', 'names no host'),
+    ('a:2\nb:x\n', "line 2: 'b:x': a slot count must be a whole number >= 1, not 'x'"),
+    ('a:0\n', "line 1: 'a:0': a slot count must be a whole number >= 1, not '0'"),
+    ('a:-1\n', "not '-1'"),
+    ('a slots=2.5\n', "line 1: 'a slots=2.5': a slot count must be a whole number >= 1, "
+                      "not '2.5'"),
+    ('a slots=2 max_slots=\n', "not ''"),
+    ('a b\n', "line 1: 'b' is not KEY=VALUE (one host per line: host:N or host slots=N)"),
+    ('a =3\n', "'=3' is not KEY=VALUE"),
+    (':2\n', "line 1: ':2': no host name"),
+    (b'\xff\xfe:2\n', 'cannot read it'),
+])
+def test_a_bad_hostfile_is_named_with_its_line(tmp_path, text, why):
+    f = tmp_path / 'hosts'
+    if isinstance(text, bytes):
+        f.write_bytes(text)
+    elif text is not None:
+        f.write_text(text)
+    with pytest.raises(HostfileError) as exc:
+        read_hostfile(str(f))
+    assert str(exc.value).startswith('--hostfile %s' % f) and why in str(exc.value), exc.value
+    assert isinstance(exc.value, BadInput)          # status 2 on every path
+
+
+def test_slot_warnings():
+    hosts = [('a', 2), ('b', 2)]
+    assert slot_warnings(hosts, 4) == [] and slot_warnings(hosts, 3) == []
+    # more ranks than slots: hydra and Open MPI (--map-by slot:OVERSUBSCRIBE) both go on
+    assert slot_warnings(hosts, 6) == [
+        '--workers 6 on a hostfile of 4 slots (a:2, b:2): MPI places the other 2 ranks on '
+        'the same hosts again, more ranks than slots']
+    assert slot_warnings([('a', 1)], 2)[0].startswith('--workers 2 on a hostfile of 1 slot (a:1)')
+    # fewer: the first host's slots take them all
+    assert slot_warnings(hosts, 2) == [
+        "--workers 2 fills the first 2 slots of the hostfile: host b gets no rank (ranks fill "
+        "each host's slots in order; lower a host's slots to spread them)"]
+    assert 'hosts b, c get no rank' in slot_warnings(hosts + [('c', 1)], 1)[0]
 
 
 def test_the_command_runs_scontrol(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,8 @@
 """A host that cannot be reached, on every launch path: ``train``, ``check-equivalence``,
 ``trials`` and a Theano-MPI session with a two-host ``DEVICES``. Each ends with status 2
 naming the host (launch/reach.check_hosts) before mpiexec starts, without hydra's lines.
+Also a hostfile that is missing or not a hostfile, on each path that takes one (and
+``info``): status 2 naming the file and line (launch/hostlists.read_hostfile).
 No root, no MPI job: the real ssh is asked, each host within 1 s."""
 import os
 import shutil
@@ -92,3 +94,28 @@ def test_this_host_and_schedulers_are_not_asked(monkeypatch):
     reach.check_hosts([DOWN, 'localhost', DOWN], environ={'SLURM_JOB_ID': '7',
                                                           reach.AGENT_VAR: 'wrapper'})
     assert asked == [[DOWN]]
+
+
+@pytest.mark.parametrize('command', ['train', 'check-equivalence', 'trials', 'info'])
+def test_a_bad_hostfile_on_every_path(command, tmp_path, capsys):
+    """Before MPI reads it (MPICH took a missing file as 'error parsing parameters',
+    status 255, and an empty one as this host alone; Open MPI had its own banners)."""
+    args = {'train': ['--workers', '2', '--model', 'digits_cnn', '--out', str(tmp_path / 'o')],
+            'check-equivalence': ['--workers', '2'],
+            'trials': ['--runs', '1', '--workers', '2', '--model', 'digits_cnn',
+                       '--out', str(tmp_path / 'trials')],
+            'info': ['--timeout', '1']}[command]
+    bad = tmp_path / 'hosts'
+    for text, why in ((None, 'cannot read it (No such file or directory)'),
+                      ('', 'names no host'),
+                      ('localhost:1\nnode2:two\n', "line 2: 'node2:two': a slot count must "
+                                                   "be a whole number >= 1, not 'two'")):
+        if text is not None:
+            bad.write_text(text)
+        t0 = time.monotonic()
+        assert cli_main([command, '--hostfile', str(bad)] + args) == 2
+        out, err = capsys.readouterr()
+        last = err.strip().splitlines()[-1]
+        assert ('--hostfile %s' % bad) in last and why in last, (out, err)
+        assert 'mpiexec@' not in out + err and time.monotonic() - t0 < 30
+    assert not os.path.exists(str(tmp_path / 'o')) and not os.path.exists(str(tmp_path / 'trials'))

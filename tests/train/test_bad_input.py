@@ -57,6 +57,28 @@ def test_decay_epochs_accepted_forms():
     assert TrainConfig(decay_epochs=()).validate().decay_epochs == ()
 
 
+@pytest.mark.parametrize('text,want', [
+    ('30,60,80', (30, 60, 80)), ('(5, 8)', (5, 8)), ("''", ()), ('', ()), ('30.0', (30,)),
+    ('2.5', None), ('1,x', None), ('1e400', None), ('nan', None), ('true', None)])
+def test_decay_epochs_option_parsed_or_named(text, want, capsys):
+    # 2.5 used to become 2 silently, before the config's own check could see it; the
+    # error named argparse's function ("invalid _parse_tuple value")
+    import argparse
+    from theanompi_ext.train import options
+    parser = argparse.ArgumentParser(prog='t')
+    options.add_config_arguments(parser)
+    if want is not None:
+        assert parser.parse_args(['--decay-epochs', text]).decay_epochs == want
+        return
+    with pytest.raises(SystemExit):
+        parser.parse_args(['--decay-epochs', text])
+    assert ("argument --decay-epochs: expected whole numbers separated by commas (e.g. "
+            "30,60,80; '' for none), got %r" % text) in capsys.readouterr().err
+    # the same words for a config file's key
+    with pytest.raises(ValueError, match=r'config key DECAY_EPOCHS: expected whole numbers'):
+        options.config_from(parser.parse_args([]), {'decay_epochs': text})
+
+
 def test_bad_decay_epochs_refused_before_launch():
     # Used to pass validation, start mpiexec, and fail on every rank (status 3).
     r = cli('train', '--workers', '2', '--decay-epochs', '20,10')

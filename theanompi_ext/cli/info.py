@@ -8,9 +8,8 @@ gives the reason the check met (an exception's type and first line,
 ``timed out after N s``...). This process imports neither
 Theano nor mpi4py. The exit status is 0 whatever the report says: it is a
 report (a CPU-only machine has ``no`` lines), read by people and by ``grep``
-(a ``--hostfile`` that does not exist: status 2).
+(a ``--hostfile`` that cannot be read or is not a hostfile: status 2).
 """
-import os
 import platform
 import sys
 
@@ -61,12 +60,17 @@ def gather(timeout=DEFAULT_TIMEOUT, hostfile=None):
 
 def main(args=None):
     """Print the report; exit status 0 (module docstring)."""
+    from ..errors import EXIT_BAD_INPUT, BadInput
+    from ..launch.hostlists import read_hostfile
     from ..launch.network_options import use_network
     timeout = getattr(args, 'timeout', None) or DEFAULT_TIMEOUT
     hostfile = getattr(args, 'hostfile', None)
-    if hostfile and not os.path.isfile(hostfile):
-        sys.stderr.write('theanompi-ext info: error: --hostfile %s: no such file\n' % hostfile)
-        return 2
+    try:
+        if hostfile:
+            read_hostfile(hostfile)      # before the checks' minute, not after it
+    except BadInput as exc:
+        sys.stderr.write('theanompi-ext info: error: %s\n' % exc)
+        return EXIT_BAD_INPUT
     use_network(args)
     for label, value in gather(timeout, hostfile):
         print('%-16s %s' % (label, value))

@@ -84,22 +84,83 @@ def _merged(pairs):
     return hosts
 
 
+#: Open MPI's hostfile keys whose value is a count of slots (a whole number >= 1);
+#: the first is the host's slots.
+COUNT_KEYS = ('slots', 'max_slots', 'max-slots')
+
+
+class HostfileError(BadInput):
+    """A hostfile that cannot be read or says no host, or a line of it that is
+    neither ``host:N`` (MPICH) nor ``host slots=N`` (Open MPI): status 2."""
+
+
 def read_hostfile(path):
     """``[(host, slots)]`` of an MPICH (``host:n``) or Open MPI (``host slots=n``)
     hostfile, each host once in order of first mention with its slots summed (1
-    where none is given); comments and blank lines skipped."""
+    where none is given); comments and blank lines skipped. Other ``KEY=VALUE``
+    words (hydra's, Open MPI's) are left to MPI. :class:`HostfileError` naming the
+    file and line for a file that cannot be read, names no host, has a slot count
+    that is not a whole number >= 1, or a word that is not ``KEY=VALUE``."""
+    try:
+        with open(path) as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostfileError('--hostfile %s: cannot read it (%s)'
+                            % (path, getattr(exc, 'strerror', None) or exc))
     slots = {}
-    with open(path) as fh:
-        for line in fh:
-            words = line.split('#', 1)[0].split()
-            if not words:
-                continue
-            name, _, n = words[0].partition(':')
-            for word in words[1:]:
-                if word.startswith('slots='):
-                    n = n or word[len('slots='):]
-            slots[name] = slots.get(name, 0) + (int(n) if n.isdigit() else 1)
+    for number, line in enumerate(lines, 1):
+        words = line.split('#', 1)[0].split()
+        if words:
+            name, n = _host_line(words, '--hostfile %s, line %d' % (path, number))
+            slots[name] = slots.get(name, 0) + n
+    if not slots:
+        raise HostfileError('--hostfile %s names no host (one per line: host:N for MPICH, '
+                            'host slots=N for Open MPI)' % path)
     return list(slots.items())
+
+
+def _host_line(words, where):
+    """(host, slots) of one hostfile line's ``words``; HostfileError saying ``where``."""
+    name, colon, n = words[0].partition(':')
+    counts = {'slots': n} if colon else {}
+    for word in words[1:]:
+        key, eq, value = word.partition('=')
+        if not eq or not key:
+            raise HostfileError('%s: %r is not KEY=VALUE (one host per line: host:N or '
+                                'host slots=N)' % (where, word))
+        if key in COUNT_KEYS:
+            counts.setdefault(key, value)
+    bad = [c for c in counts.values() if not (c.isdigit() and int(c) >= 1)]
+    if not name or bad:
+        raise HostfileError('%s: %r: %s' % (
+            where, ' '.join(words), 'no host name' if not name else
+            'a slot count must be a whole number >= 1, not %r' % bad[0]))
+    return name, int(counts.get('slots', 1))
+
+
+def slot_warnings(slots, workers):
+    """What a user may not mean by ``workers`` ranks on the hostfile's ``[(host,
+    slots)]``: more ranks than slots (MPI gives hosts more ranks than their slots),
+    or fewer, leaving the last hosts without a rank (ranks fill the hosts in order)."""
+    total = sum(n for _, n in slots)
+    if workers > total:
+        return ['--workers %d on a hostfile of %d slot%s (%s): MPI places the other %d '
+                'rank%s on the same hosts again, more ranks than slots'
+                % (workers, total, '' if total == 1 else 's',
+                   ', '.join('%s:%d' % hn for hn in slots), workers - total,
+                   '' if workers - total == 1 else 's')]
+    filled, idle = 0, []
+    for host, n in slots:
+        if filled >= workers:
+            idle.append(host)
+        filled += n
+    if idle:
+        return ['--workers %d fills the first %d slot%s of the hostfile: %s get%s no rank '
+                '(ranks fill each host\'s slots in order; lower a host\'s slots to spread '
+                'them)' % (workers, workers, '' if workers == 1 else 's',
+                           'host ' + idle[0] if len(idle) == 1 else 'hosts ' + ', '.join(idle),
+                           's' if len(idle) == 1 else '')]
+    return []
 
 
 def format_hostfile(hosts, flavour='mpich'):

@@ -117,8 +117,10 @@ def check_hosts(hosts, agent=None, environ=None):
 
 
 def check_hostfile(hostfile, agent=None, environ=None):
-    """:func:`check_hosts` of the hosts of ``hostfile`` (nothing without one)."""
-    if hostfile and os.path.exists(hostfile):
+    """:func:`check_hosts` of the hosts of ``hostfile`` (nothing without one), after
+    reading it (``hostlists.HostfileError``, a :class:`BadInput`, for a file that
+    is not there or not a hostfile: before MPI says it its own way)."""
+    if hostfile:
         check_hosts(hostfile_hosts(hostfile), agent, environ)
 
 

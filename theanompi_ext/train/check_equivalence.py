@@ -19,7 +19,7 @@ import tempfile
 
 import numpy as np
 
-from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
+from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, BadInput
 
 TOLERANCE = 1e-4
 MOMENTUM = 0.9
@@ -84,13 +84,13 @@ def main(args):
     from ..launch.mpiexec import child_env
     from ..launch.postmortem import run_explained   # names a rank that died, hydra's trail held
     from ..launch.network_options import use_network
-    from ..launch.reach import Unreachable, check_hostfile
+    from ..launch.reach import check_hostfile
     from ..launch.worker_job import worker_command, worker_env
     hostfile = getattr(args, 'hostfile', None)
     use_network(args)
     try:
         check_hostfile(hostfile)
-    except Unreachable as exc:
+    except BadInput as exc:        # a host unreachable (reach.Unreachable), a bad hostfile
         print('check-equivalence: the %d-rank run cannot start' % args.workers)
         sys.stderr.write('theanompi-ext: %s\n' % exc)
         return EXIT_BAD_INPUT

@@ -61,15 +61,20 @@ def register(sub):
 def before_launch(cfg, workers, hostfile, dry_run, out=None, label=''):
     """Print the warnings (and with ``dry_run`` the plan) of ``cfg`` on ``workers``
     ranks; the cores rule applies only when every rank runs on this machine.
+    ``hostfile``: its path (read here: a bad one is a ValueError before anything
+    is made), or True when the user's own mpiexec placed the ranks.
     ``label`` (a trials setting's name) starts each warning."""
     from . import advice
     from .plan import resolve_plan, format_plan
+    from ..launch.hostlists import read_hostfile, slot_warnings
+    slots = read_hostfile(hostfile) if isinstance(hostfile, str) else []
     out = out or sys.stdout
     if dry_run:
         out.write(format_plan(resolve_plan(cfg, workers)) + '\n')
         out.flush()
     cores = None if hostfile else advice.machine_cores()
-    advice.print_warnings(advice.check(cfg, workers, cores),
+    advice.print_warnings(advice.check(cfg, workers, cores) +
+                          (slot_warnings(slots, workers) if slots else []),
                           prefix='theanompi-ext: warning: %s' % (label + ': ' if label else ''))
 
 

@@ -190,11 +190,29 @@ def _parse_bool(s):
 
 
 def _parse_tuple(s):
-    s = str(s).strip().strip('()[]')
-    try:
-        return tuple(int(float(p)) for p in s.replace(',', ' ').split()) if s else ()
-    except OverflowError:    # int(float('1e400'))
-        raise ValueError('expected whole numbers, got %r' % (s,))
+    text = str(s).strip().strip('\'"').strip('()[]')
+    values = []
+    for part in text.replace(',', ' ').split():
+        try:
+            v = float(part)
+        except ValueError:
+            v = None
+        if v is None or not v.is_integer():     # 2.5 (was cut to 2), inf, nan, 'x'
+            raise ValueError('expected whole numbers separated by commas (e.g. 30,60,80; '
+                             "'' for none), got %r" % (s,))
+        values.append(int(v))
+    return tuple(values)
+
+
+def _argtype(parse):
+    """``parse`` for argparse: its ValueError's words in the error, not the
+    function's name (``invalid _parse_tuple value``)."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+    return convert
 
 
 def converter(field):
@@ -209,6 +227,13 @@ def converter(field):
     if isinstance(default, tuple):
         return _parse_tuple
     return str
+
+
+def _cli_converter(field):
+    """:func:`converter` for argparse (ours with their own words; int and float as
+    argparse says them: ``invalid int value: 'x'``)."""
+    parse = converter(field)
+    return _argtype(parse) if parse in (_parse_bool, _parse_tuple) else parse
 
 
 def add_config_arguments(parser):
@@ -238,13 +263,13 @@ def _add_field(group, f, choices):
     text = '%s (default %s)' % (text, default) if text else '(default %s)' % (default,)
     if isinstance(f.default, bool):
         group.add_argument(flag, dest=f.name, nargs='?', const=True, default=None,
-                           type=_parse_bool, metavar='BOOL', help=text)
+                           type=_argtype(_parse_bool), metavar='BOOL', help=text)
     else:
         metavar = METAVARS.get(f.name)
         if metavar is None and choices is None:
             metavar = {int: 'N', float: 'X'}.get(type(f.default), 'VALUE')
         group.add_argument(flag, dest=f.name, default=None, choices=choices,
-                           type=_one_of(f.name, choices) if choices else converter(f),
+                           type=_one_of(f.name, choices) if choices else _cli_converter(f),
                            metavar=metavar, help=text)
 
 

@@ -3,8 +3,8 @@ import os
 import signal
 import sys
 
-from ...errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
-from ...launch.reach import Unreachable, check_hostfile
+from ...errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, BadInput
+from ...launch.reach import check_hostfile
 from .. import options
 from ..cli import add_launch_arguments, before_launch, use_network
 from .runs import launch_run, run_config, run_dir
@@ -61,7 +61,7 @@ def main(args):
     try:
         for hostfile in sorted({s.hostfile for s in settings if s.hostfile}):
             check_hostfile(hostfile)
-    except Unreachable as exc:
+    except BadInput as exc:        # a host unreachable (reach.Unreachable), a bad hostfile
         sys.stderr.write('theanompi-ext: %s\n' % exc)
         return EXIT_BAD_INPUT
     os.makedirs(args.out, exist_ok=True)
