@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from support.paths import ROOT
-from support.procs import mpiexec as find_mpiexec
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
 
@@ -95,16 +94,27 @@ def test_topology_is_an_option_of_the_rule_not_of_the_model():
         resolve_options(Model(), {})
 
 
-def test_devices_across_hosts_place_ranks_in_order():
+def test_devices_across_hosts_place_ranks_in_order(monkeypatch):
     from theanompi_ext.engine.devices import parse_devices
-    from theanompi_ext.launch.devices import remote_hosts, host_args
+    from theanompi_ext.launch import mpiexec as mpiexec_mod
+    from theanompi_ext.launch.devices import remote_hosts, host_args, split_hosts
     pairs = parse_devices(['node0:cuda0', 'node1:cuda0,cuda1'])
     assert pairs == [('node0', 'cuda0'), ('node1', 'cuda0'), ('node1', 'cuda1')]
     assert remote_hosts(pairs) == [('node0', 1), ('node1', 2)]
     assert remote_hosts(parse_devices('cuda0,cuda1')) is None
     assert remote_hosts(parse_devices(['localhost:cuda0,cuda1'])) is None
-    mpiexec = find_mpiexec()
-    assert host_args([('node0', 1), ('node1', 2)], mpiexec)[1] == 'node0:1,node1:2'
+    hosts = [('node0', 1), ('node1', 2), ('node0', 1)]
+    monkeypatch.setattr(mpiexec_mod, 'is_openmpi', lambda m: False)
+    assert host_args(hosts, 'mpiexec') == ['-hosts', 'node0:1,node1:2,node0:1']
+    # Open MPI: a --host entry per rank, mapped in order (it would merge node0's entries)
+    monkeypatch.setattr(mpiexec_mod, 'is_openmpi', lambda m: True)
+    assert host_args(hosts, 'mpiexec') == ['--host', 'node0,node1,node1,node0',
+                                           '--map-by', 'seq:OVERSUBSCRIBE']
+    # ... and mpiexec_command keeps that mapping instead of its own
+    cmd = mpiexec_mod.mpiexec_command(4, ['x'], mpiexec='mpiexec', extra=host_args(hosts, 'm'),
+                                      hosts=['node0', 'node1'])
+    assert cmd.count('--map-by') == 1 and cmd[cmd.index('--map-by') + 1] == 'seq:OVERSUBSCRIBE'
+    assert split_hosts(hosts) == ['node0'] and split_hosts(hosts[:2]) == []
 
 
 def test_users_theanorc_wins_over_our_defaults(tmp_path):

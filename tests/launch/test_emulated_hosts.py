@@ -90,6 +90,40 @@ def test_ranks_placed_per_host_and_data_crosses_the_link(tmp_path):
     assert min(r['secs'] for r in ranks) >= 0.9 * bound, (ranks, bound)
 
 
+PLACE = r'''
+import json, os, socket, sys
+from mpi4py import MPI
+from theanompi_ext.collective.world import local_rank
+w = MPI.COMM_WORLD
+with open(os.path.join(sys.argv[1], 'rank%d.json' % w.rank), 'w') as f:
+    json.dump([socket.gethostname(), local_rank(w)], f)
+'''
+
+
+def test_devices_place_each_rank_on_its_entrys_host(tmp_path):
+    """Theano-MPI's DEVICES with a host that comes back after another (node0, node1,
+    node0): rank r runs on the r-th entry's host, with both MPIs. Open MPI merged the
+    host's entries and filled it first (rank 1 on tmxh0, measured); with one --host
+    entry per rank and --map-by seq it places rank by rank, local ranks counted per
+    host. Hydra starts a proxy per run of entries: each run is a node to MPI, so
+    rank 2's local rank is 0 there (the session launcher warns)."""
+    from theanompi_ext.engine.devices import parse_devices
+    from theanompi_ext.launch.devices import host_args, remote_hosts, split_hosts
+    from theanompi_ext.launch.mpiexec import child_env, mpiexec_command
+    probe = tmp_path / 'place.py'
+    probe.write_text(PLACE)
+    hosts = remote_hosts(parse_devices(['tmxh0:cpu0', 'tmxh1:cpu0', 'tmxh0:cpu1']))
+    assert hosts == [('tmxh0', 1), ('tmxh1', 1), ('tmxh0', 1)] and split_hosts(hosts) == ['tmxh0']
+    with EmulatedHosts(hosts=2, ranks_per_host=2) as eh:
+        cmd = mpiexec_command(3, [sys.executable, str(probe), str(tmp_path)], mpiexec=eh.mpiexec,
+                              extra=host_args(hosts, eh.mpiexec), hosts=['tmxh0', 'tmxh1'])
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                             env=eh.env(root_on_path(child_env())))
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = [tuple(json.loads((tmp_path / ('rank%d.json' % r)).read_text())) for r in range(3)]
+    assert got == [('tmxh0', 0), ('tmxh1', 0), ('tmxh0', 0 if not eh.openmpi else 1)], got
+
+
 def test_the_command_line(tmp_path):
     """``python -m ...emulated_hosts -- CMD``: CMD sees the hostfile and the mpiexec."""
     script = ('cat "$TMX_HOSTFILE"; "$THEANOMPI_EXT_MPIEXEC" -n 2 -f "$TMX_HOSTFILE" '

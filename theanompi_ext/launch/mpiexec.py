@@ -100,11 +100,12 @@ def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=(), hosts=N
     mpiexec = mpiexec or find_mpiexec()
     names = list(hosts) if hosts else hostfile_names(hostfile)
     cmd = [mpiexec, '-n', str(int(nprocs))] + network_args(mpiexec, names)
-    if is_openmpi(mpiexec):
+    if is_openmpi(mpiexec) and '--map-by' not in extra:
         # By slot: ranks fill each host in order, as hydra places them, and
         # OMPI_COMM_WORLD_LOCAL_RANK follows the rank order (Open MPI's default
         # mapping gave ranks 0-3 local ranks 0,2,1,3 here). OVERSUBSCRIBE: more
         # ranks than cores, which Open MPI refuses by default (hydra does not).
+        # (A caller's own mapping, devices.host_args's, is kept.)
         cmd += ['--map-by', 'slot:OVERSUBSCRIBE']
         if hostfile:
             cmd += ['--hostfile', hostfile]

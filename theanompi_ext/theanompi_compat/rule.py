@@ -170,10 +170,10 @@ class BSP(object):
         (:func:`~theanompi_ext.launch.postmortem.run_explained`, in a process
         of its own): a rank that dies is named in the launcher's last line.
         """
-        from ..launch.mpiexec import mpiexec_command, find_mpiexec, popen_job
+        from ..launch.mpiexec import mpiexec_command, find_mpiexec, is_openmpi, popen_job
         from ..launch.postmortem import explained_command
         from ..engine.devices import parse_devices
-        from ..launch.devices import remote_hosts, host_args
+        from ..launch.devices import remote_hosts, host_args, split_hosts
         from ..launch.reach import check_hosts
         restart = restart_settings(options)
         if not devices:
@@ -191,6 +191,13 @@ class BSP(object):
         mpiexec = find_mpiexec()
         if hosts:
             check_hosts([h for h, _ in hosts])    # Unreachable (status 2) names the host
+            split = split_hosts(hosts)
+            if split and not is_openmpi(mpiexec):
+                sys.stderr.write(
+                    'theanompi-ext: warning: DEVICES lists %s again after another host: '
+                    'MPICH starts each run of entries as a node of its own (no shared '
+                    'memory between them, local ranks counted per run); list each host\'s '
+                    'devices together\n' % ', '.join(split))
         self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
                                        extra=host_args(hosts, mpiexec) if hosts else (),
                                        hosts=[h for h, _ in hosts] if hosts else None)
