@@ -171,8 +171,11 @@ def test_allreduce_sizes_and_bandwidth():
 # -------------------------------------------------------------------- compare
 
 # One quick run serves the tests below: our float32 and float16 systems, DDP
-# with and without its fp16 hook (~12 s more than float32 and DDP alone).
-QUICK_COMPARE = ('compare', '--quick', '--wire-dtype', 'float32,float16', '--ddp-fp16-hook')
+# with and without its fp16 hook (~12 s more than float32 and DDP alone), a
+# variable for our ranks (MPICH's yield between polls: no change of results).
+QUICK_ENV = {'MPIR_CVAR_ENABLE_HEAVY_YIELD': '1', 'TMX_BENCH_MARK': 'a=b'}
+QUICK_COMPARE = ('compare', '--quick', '--wire-dtype', 'float32,float16', '--ddp-fp16-hook') + \
+    sum((('--mpi-env', '%s=%s' % kv) for kv in sorted(QUICK_ENV.items())), ())
 
 
 @pytest.fixture(scope='module')
@@ -198,6 +201,8 @@ def test_compare_quick_writes_json(quick_compare):
         assert isinstance(r['comm_overhead'], float) and r['comm_overhead_err'] >= 0
         assert_hidden_fraction_from_times(r)
         assert r['wire_dtype'] == ('float16' if r['system'].endswith('-fp16') else 'float32')
+        # --mpi-env reached our ranks (as they saw it), not DDP's
+        assert r.get('mpi_env') == (None if r['system'].startswith('pytorch/') else QUICK_ENV)
     # Both projects move the same gradient bytes (BN gamma/beta included).
     assert len({r['grad_bytes'] for r in rows}) == 1
     # The compute step is shared by our wires: the same paired times.
@@ -236,6 +241,18 @@ def assert_new_targets_from_times(ours):
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason='PyTorch (the [bench] extra) not installed')
+@pytest.mark.parametrize('item', ['NOEQUALS', '=1', 'A B=1', 'A-B=1'])
+def test_mpi_env_wants_key_value(item):
+    import argparse
+    from theanompi_ext.bench.common import add_mpi_env_option
+    p = argparse.ArgumentParser()
+    add_mpi_env_option(p)
+    assert p.parse_args(['--mpi-env', 'K_1=x=y', '--mpi-env', 'E=']).mpi_env == [
+        ('K_1', 'x=y'), ('E', '')]
+    with pytest.raises(SystemExit):
+        p.parse_args(['--mpi-env', item])
+
+
 def test_compare_quick_ddp_fp16_hook(quick_compare):
     rows, res = quick_compare
     by = {r['system']: r for r in rows}

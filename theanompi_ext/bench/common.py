@@ -1,4 +1,5 @@
 """What the benchmarks share: their common options, running a job, each rank's entry point."""
+import argparse
 import json
 import os
 import sys
@@ -22,6 +23,22 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
     p.add_argument('--timeout', type=float, default=timeout_s, metavar='S',
                    help='%s still running after this many seconds is stopped (default '
                         '%%(default)s)' % timeout_what)
+
+
+def add_mpi_env_option(p):
+    """Add ``--mpi-env KEY=VALUE`` (repeatable; ``args.mpi_env``: a list of pairs)."""
+    p.add_argument('--mpi-env', action='append', default=[], metavar='KEY=VALUE',
+                   type=env_item, help='extra environment variable for the ranks of our '
+                   'jobs (e.g. an MPICH CVAR); repeat for several')
+
+
+def env_item(text):
+    """``'KEY=VALUE'`` -> ``(KEY, VALUE)`` (argparse's error for anything else)."""
+    key, sep, value = text.partition('=')
+    if not sep or not key or not key.replace('_', 'A').isalnum():
+        raise argparse.ArgumentTypeError('expected KEY=VALUE with KEY a variable name, '
+                                         'got %r' % text)
+    return key, value
 
 
 def rank_main(spec_path, measure):

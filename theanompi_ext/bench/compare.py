@@ -19,6 +19,9 @@ measured per wire dtype in the same job, 16-bit ones named with a suffix
 (``theanompi_ext/ar-overlap-fp16``, ``theanompi_ext/ar-fp16``; ``-bf16``);
 their modes join the same rotation and share its compute step, and the
 serial step of a 16-bit system is the ``ar`` exchanger with that wire.
+``--mpi-env KEY=VALUE`` (repeatable) sets a variable for our jobs' ranks
+(an MPICH CVAR such as ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``; DDP's jobs do not
+get it), and our rows say it as the ranks saw it (``mpi_env``).
 ``--ddp-fp16-hook`` adds DDP with ``fp16_compress_hook`` per bucket cap
 (``pytorch/ddp-gloo-fp16``, ``pytorch/ddp-gloo-0.1mb-fp16``; see
 :mod:`.ddp_worker`). Every row says its ``wire_dtype``.
@@ -80,7 +83,7 @@ from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..launch.emulated_network import (NetworkSetupError, format_network, hosts_layout,
                                        parse_network)
-from .common import add_common_options, run_job
+from .common import add_common_options, add_mpi_env_option, run_job
 from .compare_stats import summarize
 from .compare_systems import MODEL_SPECS, WIRE_SUFFIX
 from .compare_verdicts import format_table
@@ -127,6 +130,7 @@ def register(sub):
     p.add_argument('--ddp-fp16-hook', action='store_true',
                    help="also measure DDP with its fp16_compress_hook (gradients sent as "
                         "float16), one system per --ddp-bucket-cap-mb value, suffix -fp16")
+    add_mpi_env_option(p)
     p.add_argument('--no-ddp', action='store_true',
                    help='measure only this project, not PyTorch DDP')
     p.add_argument('--quick', action='store_true',
@@ -203,7 +207,8 @@ def make_spec(args):
                 reps=2 if quick else args.reps, warmup=1 if quick else args.warmup,
                 launches=1 if quick else args.launches,
                 n_classes=10, ddp_bucket_caps_mb=caps, wire_dtypes=wires,
-                ddp_hooks=['none', 'fp16'] if args.ddp_fp16_hook else ['none'])
+                ddp_hooks=['none', 'fp16'] if args.ddp_fp16_hook else ['none'],
+                mpi_env=dict(args.mpi_env))
 
 
 def parse_wire_dtypes(text):
@@ -241,7 +246,7 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
         for job in jobs:
             if job == 'ours':
                 ours.append(run_job('theanompi_ext.bench.compare_rank', spec, net, ranks,
-                                    timeout, threads))
+                                    timeout, dict(threads, **spec.get('mpi_env', {}))))
             elif ddp:
                 for cap, hook in sorted(theirs):
                     theirs[cap, hook].append(run_job(

@@ -4,6 +4,7 @@ Started by :func:`theanompi_ext.bench.compare.run_setting` as
 ``python -m theanompi_ext.bench.compare_rank SPEC.json`` on every rank.
 """
 import json
+import os
 import sys
 
 import numpy as np
@@ -50,6 +51,8 @@ def measure_ours(spec):
     everyone = [json.loads(e) for e in comm.allgather(json.dumps(local))]
     out = {mode: [[float(v) for v in r[mode]] for r in everyone] for mode in modes}
     out['cpu_per_wall'] = cpu_per_wall([json.loads(e) for e in comm.allgather(json.dumps(cpu))])
+    # --mpi-env as the ranks got it (rank 0's view: every rank has the same environment)
+    out['mpi_env'] = {key: os.environ.get(key) for key in spec.get('mpi_env', {})}
     out.update(grad_bytes=4 * int(first.n_exch), params=int(first.layout.total),
                buckets=len(first.buckets),
                chunks=trainers['ar-overlap', wires[0]].backward.n_chunks, ranks=k)

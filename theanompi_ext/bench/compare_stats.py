@@ -166,7 +166,8 @@ def _our_rows(model, network, spec, ours, common):
     t = {m: _all(ours, m) for m in ours_modes(wires)}
     base = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
                 params=ours[0]['params'], compute_chunked_s=_median(t['compute_chunked']),
-                buckets=ours[0]['buckets'], chunks=ours[0]['chunks'])
+                buckets=ours[0]['buckets'], chunks=ours[0]['chunks'],
+                mpi_env=ours[0].get('mpi_env', {}))
     rows, by_wire = [], {}
     for wire in wires:
         sfx = WIRE_SUFFIX[wire]

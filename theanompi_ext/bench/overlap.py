@@ -45,7 +45,7 @@ import numpy as np
 from ..cli.argtypes import output_path
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..launch.emulated_network import NetworkSetupError, format_network, parse_network
-from .common import add_common_options, run_job
+from .common import add_common_options, add_mpi_env_option, run_job
 from .overlap_contract import measure_contract, parse_contract
 # compute_step, hidden_fraction and MODES are read from here by the other benchmarks
 from .overlap_pair import MODES, compute_step, hidden_fraction, measure_pair  # noqa: F401
@@ -89,9 +89,7 @@ def register(sub):
                         "(SCHED_IDLE) priority; 'block' (a blocking Allreduce) or 'poll:US' "
                         "(Iallreduce tested with sleeps up to US microseconds) wait; "
                         "default: the MPI backend's defaults")
-    p.add_argument('--mpi-env', action='append', default=[], metavar='KEY=VALUE',
-                   help='extra environment variable for the ranks (e.g. an MPICH CVAR); '
-                        'repeat for several')
+    add_mpi_env_option(p)
     p.add_argument('--device', default='cpu', metavar='DEV',
                    help='device of the ranks: cpu, cuda0, opencl0:0, or one per rank '
                         '(cuda0,cuda1); on a device the exchange is host-staged MPI '
@@ -181,13 +179,9 @@ def parse_comm_thread(text):
 
 
 def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
-    """Start the ranks for one network setting; return their result rows."""
-    env = {}
-    for item in mpi_env:
-        key, sep, value = item.partition('=')
-        if not sep or not key:
-            raise RuntimeError('--mpi-env wants KEY=VALUE, got %r' % item)
-        env[key] = value
+    """Start the ranks for one network setting (``mpi_env``: (KEY, VALUE) pairs for
+    the ranks); return their result rows."""
+    env = dict(mpi_env)
     spec = dict(spec)
     if spec['timeline']:
         spec['timeline'] = '%s-%s' % (spec['timeline'], re.sub(r'\W', '', format_network(net)))
