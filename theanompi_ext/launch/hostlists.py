@@ -85,7 +85,7 @@ def _merged(pairs):
 
 
 #: Open MPI's hostfile keys whose value is a count of slots (a whole number >= 1);
-#: the first is the host's slots.
+#: ``slots`` (or MPICH's ``host:N``) is the host's slots, ``max_slots`` only a limit.
 COUNT_KEYS = ('slots', 'max_slots', 'max-slots')
 
 
