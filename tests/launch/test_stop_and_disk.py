@@ -471,6 +471,40 @@ def test_signal_during_a_write_waits_for_it(tmp_path):
     assert target.read_bytes() == b'x' * 1000 and os.listdir(str(tmp_path)) == ['f.bin']
 
 
+HUNG_STOP = r'''
+import os, signal, sys, threading, time
+from theanompi_ext.launch import postmortem
+# a stop that hangs (as a launcher once did after SIGINT, in CI)
+postmortem.stop_job = lambda *a, **kw: time.sleep(600)
+job = [sys.executable, '-c', 'import time; time.sleep(600)']
+threading.Timer(1.0, lambda: os.kill(os.getpid(), getattr(signal, sys.argv[1]))).start()
+postmortem.run_explained(job, size=1)
+print('not reached')
+'''
+
+
+@pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM'])
+def test_a_hung_stop_is_bounded(sig, tmp_path):
+    """Whatever hangs after a stop signal (here the stop itself), the launcher ends
+    within THEANOMPI_EXT_STOP_BOUND_S with 128 + the signal, saying so last, and
+    the job's process (mpiexec's place) goes with it (its parent death signal)."""
+    env = dict(os.environ, THEANOMPI_EXT_STOP_BOUND_S='2')
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, '-c', HUNG_STOP, sig], capture_output=True, text=True,
+                       timeout=60, env=env, start_new_session=True)
+    took = time.monotonic() - t0
+    status = 128 + getattr(signal, sig)
+    assert r.returncode == status, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "theanompi-ext: stopped by %s, but the launcher's stop did not end within 2 s: it "
+        "ends now, and mpiexec and every rank with it (exit status %d)" % (sig, status))
+    assert 'not reached' not in r.stdout and 2.5 < took < 20, took
+    time.sleep(0.5)
+    left = subprocess.run(['pgrep', '-f', 'import time; time.sleep(600)'], capture_output=True,
+                          text=True).stdout.split()
+    assert not left, left
+
+
 # --------------------------------------------------------------------------- output folders
 
 def test_forgotten_resume_is_refused(finished_run, tmp_path):

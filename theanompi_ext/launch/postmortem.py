@@ -221,16 +221,61 @@ class Stopped(Exception):
         self.signum = signum
 
 
+#: Seconds from a stop signal to the launcher's end, whatever happens in between:
+#: the stop takes STOP_GRACE_S + 1 + STOP_JOIN_S; past this bound the launcher
+#: ends itself (:func:`_arm_stop_bound`). Overridden by $THEANOMPI_EXT_STOP_BOUND_S.
+STOP_BOUND_S = 30.0
+_bound = []          # the armed timer of the stop under way, if any
+
+
+def _arm_stop_bound(signum):
+    """A stop signal arrived: end this process with 128 + ``signum`` if it is still
+    here :data:`STOP_BOUND_S` seconds later. A launcher once stayed 180 s after
+    SIGINT with every rank stopping, its last line never written (CI, cause not
+    found); this bounds any such hang. mpiexec dies with the launcher (its parent
+    death signal, :func:`~.mpiexec.popen_job`) and hydra or Open MPI end the
+    ranks, as when the launcher is SIGKILLed."""
+    if _bound:
+        return
+    bound = float(os.environ.get('THEANOMPI_EXT_STOP_BOUND_S') or STOP_BOUND_S)
+    status = EXIT_SIGNAL_BASE + signum
+
+    def end():
+        # os.write: the streams' locks may be what is held
+        os.write(2, ('\ntheanompi-ext: stopped by %s, but the launcher\'s stop did not end '
+                     'within %g s: it ends now, and mpiexec and every rank with it (exit '
+                     'status %d)\n' % (signal.Signals(signum).name, bound, status)).encode())
+        os._exit(status)
+    timer = threading.Timer(bound, end)
+    timer.daemon = True
+    timer.start()
+    _bound.append(timer)
+
+
+def _disarm_stop_bound():
+    while _bound:
+        _bound.pop().cancel()
+
+
 def _stopped(signum, frame):
+    _arm_stop_bound(signum)
     raise Stopped(signum)
 
 
+def _interrupted(signum, frame):
+    _arm_stop_bound(signum)
+    raise KeyboardInterrupt
+
+
 def _catch_stop_signals():
-    """SIGTERM and SIGHUP raise :class:`Stopped` (SIGINT already raises
-    KeyboardInterrupt); returns the previous handlers ({} off the main thread)."""
+    """SIGTERM and SIGHUP raise :class:`Stopped`, SIGINT KeyboardInterrupt, each
+    bounding the launcher's life from then (:func:`_arm_stop_bound`); returns the
+    previous handlers ({} off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupted)
+    return old
 
 
 def _parent_of(pid):
@@ -492,10 +537,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                           '(exit status %d)' % (signal.Signals(signum).name,
                                                 EXIT_SIGNAL_BASE + signum))
     finally:
-        if old_handlers:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
+        _disarm_stop_bound()
         shutil.rmtree(folder, ignore_errors=True)
 
 
