@@ -11,6 +11,7 @@ of training (``os._exit(0)`` in some library) makes hydra end the job with
 status 0 most of the time (Open MPI with status 1 and a long text); a rank
 whose note still says ``running`` turns that into status 3.
 """
+import faulthandler
 import os
 import select
 import shutil
@@ -241,8 +242,11 @@ def _arm_stop_bound(signum):
     status = EXIT_SIGNAL_BASE + signum
 
     def end():
-        # os.write: the streams' locks may be what is held
-        os.write(2, ('\ntheanompi-ext: stopped by %s, but the launcher\'s stop did not end '
+        # where each thread is stuck, for the report (faulthandler and os.write
+        # write to the descriptor: the streams' locks may be what is held)
+        os.write(2, b'\ntheanompi-ext: where the launcher\'s threads were:\n')
+        faulthandler.dump_traceback(2, all_threads=True)
+        os.write(2, ('theanompi-ext: stopped by %s, but the launcher\'s stop did not end '
                      'within %g s: it ends now, and mpiexec and every rank with it (exit '
                      'status %d)\n' % (signal.Signals(signum).name, bound, status)).encode())
         os._exit(status)
