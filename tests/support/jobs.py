@@ -1,6 +1,8 @@
 """A command whose whole process tree is watched while it runs (fault tests:
 tests/launch/test_stop_and_disk.py, test_restarts.py)."""
+import ctypes
 import os
+import platform
 import signal
 import subprocess
 import threading
@@ -11,6 +13,20 @@ import pytest
 from support.procs import descendants as _descendants
 
 JOB_TIMEOUT = 180
+# tgkill(2)'s number: Python can signal a thread of its own only
+_TGKILL = {'x86_64': 234, 'aarch64': 131}
+
+
+def signal_a_helper_thread(pid, sig):
+    """Send ``sig`` to one thread of process ``pid`` other than its main thread
+    (tgkill), as the kernel may deliver a signal sent to the process; the
+    thread's id. Fails the test if the process has no other thread."""
+    tids = sorted(int(t) for t in os.listdir('/proc/%d/task' % pid) if int(t) != pid)
+    assert tids, 'process %d has no thread but its main one' % pid
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_TGKILL[platform.machine()], pid, tids[0], int(sig)) != 0:
+        raise OSError(ctypes.get_errno(), 'tgkill %d %d' % (pid, tids[0]))
+    return tids[0]
 
 
 def start_time(pid):

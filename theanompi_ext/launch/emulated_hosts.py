@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 
+from .awake import wait_awake
 from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError, hosts_layout,
                                delete_namespace, namespaces, netns_problem, tbf_link)
 from ..files.stale import pid_alive
@@ -436,7 +437,7 @@ def main(argv=None):
                 signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
             while True:
                 try:
-                    return proc.wait()
+                    return wait_awake(proc)      # the handlers run whichever thread took the signal
                 except KeyboardInterrupt:
                     continue
     except NetworkSetupError as exc:

@@ -13,6 +13,7 @@ import sys
 
 from ..collective.world import in_mpi_job  # noqa: F401  (re-exported for the launchers)
 from ..errors import EXIT_SIGNAL_BASE, EXIT_TIMED_OUT, BadInput
+from .awake import wait_awake
 # IFACE_VAR, TRANSPORT_VAR: re-exported (train --iface, --transport set them)
 from .network_default import IFACE_VAR, TRANSPORT_VAR  # noqa: F401
 
@@ -206,7 +207,7 @@ def wait_job(proc, timeout=None):
     propagates.
     """
     try:
-        return proc.wait(timeout=timeout)
+        return wait_awake(proc, timeout)
     except subprocess.TimeoutExpired:
         stop_group(proc)
         return EXIT_TIMED_OUT

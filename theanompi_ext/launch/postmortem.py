@@ -24,6 +24,7 @@ import time
 
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
+from .awake import join_awake, wait_awake
 from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
@@ -231,9 +232,8 @@ _bound = []          # the armed timer of the stop under way, if any
 
 def _arm_stop_bound(signum):
     """A stop signal arrived: end this process with 128 + ``signum`` if it is still
-    here :data:`STOP_BOUND_S` seconds later. A launcher once stayed 180 s after
-    SIGINT with every rank stopping, its last line never written (CI, cause not
-    found); this bounds any such hang. mpiexec dies with the launcher (its parent
+    here :data:`STOP_BOUND_S` seconds later, whatever holds the stop up once the
+    handler ran (that it runs: :mod:`.awake`). mpiexec dies with the launcher (its parent
     death signal, :func:`~.mpiexec.popen_job`) and hydra or Open MPI end the
     ranks, as when the launcher is SIGKILLed."""
     if _bound:
@@ -396,6 +396,14 @@ def _drain(stream):
                      daemon=True).start()
 
 
+def _passing(stream, dest, gate, report, launch, shown, name):
+    """A started daemon thread that copies mpiexec's ``stream`` (:func:`_pass_through`)."""
+    thread = threading.Thread(target=_pass_through, name='mpiexec-' + name, daemon=True,
+                              args=(stream, dest, gate, report, launch), kwargs=dict(shown=shown))
+    thread.start()
+    return thread
+
+
 def _pass_through(stream, dest, gate, *reports, shown=None):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
     line, showing each line to each of ``reports``, except what ``gate`` (an
@@ -472,7 +480,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
-    proc = start_watch = time_limit = err_thread = None
+    proc = start_watch = time_limit = err_thread = out_thread = None
     openmpi = is_openmpi(cmd[0])
     shown = []          # the last line passed through, of either stream
 
@@ -493,14 +501,15 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             proc, folder, grace=AFTER_ABORT_GRACE_S, openmpi=openmpi))
         if openmpi:
             after_abort.start()
-        err_thread = threading.Thread(target=_pass_through, name='mpiexec-stderr', daemon=True,
-                                      args=(proc.stderr, err, gate, err_report, launch),
-                                      kwargs=dict(shown=shown))
-        err_thread.start()
+        # Both streams are copied by threads: the main thread only waits in slices,
+        # so that it runs a stop signal's handler whichever thread took the signal
+        # (launch/awake.py)
+        err_thread = _passing(proc.stderr, err, gate, err_report, launch, shown, 'stderr')
+        out_thread = _passing(proc.stdout, out, gate, out_report, launch, shown, 'stdout')
         watch.start()
-        _pass_through(proc.stdout, out, gate, out_report, launch, shown=shown)
-        status = proc.wait()
-        err_thread.join()
+        join_awake(out_thread)
+        status = wait_awake(proc)
+        join_awake(err_thread)
         watch.stop()
         start_watch.finish()
         time_limit.finish()
@@ -531,11 +540,13 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             if w is not None:
                 w.finish()
         if proc is not None:
-            _drain(proc.stdout)
+            if out_thread is None:
+                _drain(proc.stdout)
             stop_job(proc, folder, openmpi=openmpi)
         watch.stop()
-        if err_thread is not None:
-            err_thread.join(STOP_JOIN_S)   # its last lines before ours, not after
+        for thread in (out_thread, err_thread):
+            if thread is not None:
+                thread.join(STOP_JOIN_S)   # their last lines before ours, not after
         return last_words(EXIT_SIGNAL_BASE + signum,
                           'theanompi-ext: stopped by %s: every rank of the job ended '
                           '(exit status %d)' % (signal.Signals(signum).name,

@@ -224,8 +224,9 @@ class BSP(object):
         """
         if self.proc is None:
             raise RuntimeError('BSP.wait() before BSP.init()')
+        from ..launch.awake import wait_awake
         try:
-            return self.proc.wait(timeout=timeout)
+            return wait_awake(self.proc, timeout)   # Ctrl-C taken by any thread of the session
         except KeyboardInterrupt:
             return self._stopped(130, 'interrupted (Ctrl-C)')
         except subprocess.TimeoutExpired:
