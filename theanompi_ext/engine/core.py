@@ -67,8 +67,52 @@ def _configure_and_import():
         import theano.tensor as _T
         import theano.tensor.nnet  # noqa: F401  (conv2d, softmax)
         import theano.tensor.signal.pool  # noqa: F401
+    _stable_cache_keys(_theano)
     _check_device(_theano)
     return _theano, _T
+
+
+def _stable_cache_keys(theano_module):
+    """Let Theano 1.0.5's compile cache serve every process, not only the one
+    that compiled: two of its cache keys change from process to process.
+
+    * ``COp.c_code_cache_version`` is ``hash()`` of the op's C source, and
+      Python 3 salts ``hash()`` of a string per process: each process compiled
+      its own copy of every such op (DimShuffle; most GPU ops) and added it to
+      the cache, whose scan at each start grew with it (measured: 0.85 s of
+      g++ per process for DimShuffle alone, one more cache folder each time).
+      A SHA-256 of the same source is the same in every process.
+    * An op whose ``__props__`` is ``()`` (Softmax, Alloc) made its module's
+      key "unversioned", compiled again in every process (0.8-0.9 s each),
+      although its C code is versioned; the key still holds the op itself
+      (equal to every other instance: it has no properties) and its types.
+    """
+    import hashlib
+    from theano.gof import cc, op
+
+    def c_code_cache_version(self):
+        digest = hashlib.sha256('\0'.join(self.func_codes).encode('utf-8')).digest()
+        version = (int.from_bytes(digest[:8], 'big', signed=True),)
+        if hasattr(self, 'params_type'):
+            version += (self.params_type.c_code_cache_version(),)
+        return version
+    op.COp.c_code_cache_version = c_code_cache_version
+
+    theano_key = cc.CLinker.cmodule_key_
+
+    def cmodule_key_(self, fgraph, no_recycling, *args, **kwargs):
+        key = theano_key(self, fgraph, no_recycling, *args, **kwargs)
+        if key is None or key[0]:
+            return key
+        version = []     # Theano's, without the empty __props__ it counts as unversioned
+        for node in self.schedule(fgraph):
+            if hasattr(node.op, 'c_code_cache_version_apply'):
+                version.append(node.op.c_code_cache_version_apply(node))
+            if getattr(node.op, '__props__', None):
+                version.append(node.op.__props__)
+            version += [v.type.c_code_cache_version() for v in node.inputs + node.outputs]
+        return (tuple(version), key[1]) if all(version) else key
+    cc.CLinker.cmodule_key_ = cmodule_key_
 
 
 def _check_device(theano_module):
