@@ -544,9 +544,10 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                 _drain(proc.stdout)
             stop_job(proc, folder, openmpi=openmpi)
         watch.stop()
+        joined_by = time.monotonic() + STOP_JOIN_S    # their last lines before ours
         for thread in (out_thread, err_thread):
             if thread is not None:
-                thread.join(STOP_JOIN_S)   # their last lines before ours, not after
+                thread.join(max(0.0, joined_by - time.monotonic()))
         return last_words(EXIT_SIGNAL_BASE + signum,
                           'theanompi-ext: stopped by %s: every rank of the job ended '
                           '(exit status %d)' % (signal.Signals(signum).name,
