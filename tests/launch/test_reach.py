@@ -1,10 +1,12 @@
 """Across hosts, the launcher's side (no MPI needed): naming the host mpiexec could not start
 on (launch/reach.py), hydra's report of a rank on another host (the interface and
 transport lines of info: test_network_default.py)."""
+import os
 import stat
+import sys
 
 from theanompi_ext.launch.reach import (LaunchWatch, explain_launch, hostfile_hosts, probe,
-                                        unreachable)
+                                        proxy_program, unreachable)
 
 
 def _agent(tmp_path):
@@ -30,6 +32,22 @@ def test_probe_and_unreachable(tmp_path):
     assert why.startswith('`agent down true` failed with status 255: ssh: Could not resolve')
     assert [h for h, _ in unreachable(['up', 'down', 'gone'], agent)] == ['down', 'gone']
     assert 'cannot run the launcher agent' in probe('up', str(tmp_path / 'none'))
+
+
+def test_proxy_program_is_hydras_beside_mpiexec(tmp_path):
+    here = os.path.join(os.path.dirname(sys.executable), 'hydra_pmi_proxy')
+    (tmp_path / 'mpiexec').write_text('')
+    # none beside it (a wrapper script): this environment's, if it has one
+    assert proxy_program(str(tmp_path / 'mpiexec')) == (here if os.access(here, os.X_OK)
+                                                         else None)
+    proxy = tmp_path / 'hydra_pmi_proxy'
+    proxy.write_text('#!/bin/sh\n')
+    proxy.chmod(proxy.stat().st_mode | stat.S_IEXEC)
+    assert proxy_program(str(tmp_path / 'mpiexec')) == str(proxy)
+    # a link elsewhere to that mpiexec: beside the file it links to
+    (tmp_path / 'bin').mkdir()
+    os.symlink(str(tmp_path / 'mpiexec'), str(tmp_path / 'bin' / 'mpiexec'))
+    assert proxy_program(str(tmp_path / 'bin' / 'mpiexec')) == str(proxy)
 
 
 def test_watch_and_message(tmp_path):
@@ -60,6 +78,11 @@ def test_a_program_missing_on_one_host(tmp_path):
     w.feed(b'[mpiexec@vm] ui_cmd_cb (pmiserv_pmci.c:51): Launch proxy failed.\n')
     assert explain_launch(w, str(hosts), str(agent)).startswith(
         "host b has no /opt/mpi/bin/hydra_pmi_proxy (the MPI launcher's program")
+    # no shell's line came (hydra ended the launch first): the program mpiexec starts
+    # by its own path is asked for
+    w.missing = None
+    assert explain_launch(w, str(hosts), str(agent), expected='/opt/mpi/bin/hydra_pmi_proxy') \
+        .startswith("host b has no /opt/mpi/bin/hydra_pmi_proxy (the MPI launcher's program")
     # every host has it: nothing is guessed, the agent's own name is said
     w.missing = '/bin/sh'
     hosts.write_text('a:1\n')

@@ -29,7 +29,7 @@ from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
-from .reach import LaunchWatch, explain_launch, not_started
+from .reach import LaunchWatch, explain_launch, not_started, proxy_program
 from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
@@ -526,7 +526,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             # the abort was Open MPI's own, of a rank that lost a peer: told below
         message, status = explain(status, report, notes, size, first_exit=watch.first())
         if status and not notes and report.pid is None:
-            unreached = explain_launch(launch, hostfile)
+            unreached = explain_launch(launch, hostfile,
+                                       expected=None if openmpi else proxy_program(cmd[0]))
             if unreached:
                 message, status = 'theanompi-ext: ' + not_started(unreached), EXIT_BAD_INPUT
         return last_words(status, message)

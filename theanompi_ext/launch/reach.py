@@ -18,6 +18,7 @@ of starting mpiexec at all: :class:`Unreachable`.
 import os
 import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import EXIT_BAD_INPUT, BadInput
@@ -159,8 +160,25 @@ class LaunchWatch(object):
                                          for g in m.group(1, 2, 3))
 
 
-def explain_launch(watch, hostfile, agent=None):
-    """The message naming the host(s) mpiexec could not start on, or None."""
+def proxy_program(mpiexec):
+    """The program hydra's ``mpiexec`` starts on each host by its own path
+    (``hydra_pmi_proxy`` beside it), if it is there; None otherwise (another MPI).
+    Beside ``mpiexec``, beside the file it links to, or (a wrapper script that
+    runs this environment's MPI) beside this Python."""
+    for folder in (os.path.dirname(mpiexec), os.path.dirname(os.path.realpath(mpiexec)),
+                   os.path.dirname(sys.executable)):
+        path = os.path.join(folder, 'hydra_pmi_proxy')
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def explain_launch(watch, hostfile, agent=None, expected=None):
+    """The message naming the host(s) mpiexec could not start on, or None.
+
+    ``expected``: the program mpiexec starts on each host (:func:`proxy_program`),
+    asked for when no shell's line named the missing one: hydra may end the
+    launch before the far shell's words arrive (measured: 3 failures in 12)."""
     if watch.no_callback:
         host, address, why = watch.no_callback
         return ('host %s could not reach the launcher\'s host at %s%s: choose the interface '
@@ -174,14 +192,15 @@ def explain_launch(watch, hostfile, agent=None):
     bad = unreachable(hosts, agent) if hosts else []
     if bad:
         return cannot_start(bad)
-    if hosts and watch.missing:
-        lacking = [h for h, _ in unreachable(hosts, agent, command=('test', '-x', watch.missing))]
+    program = watch.missing or expected
+    if hosts and program:
+        lacking = [h for h, _ in unreachable(hosts, agent, command=('test', '-x', program))]
         if lacking:
             return ('%s %s no %s (the MPI launcher\'s program, started there by the '
                     'launcher\'s own path): install the same MPI on every host on the same '
                     'path, or share the folder (docs/multinode.md)' % (
                         'host' if len(lacking) == 1 else 'hosts', ', '.join(lacking)
-                        + (' has' if len(lacking) == 1 else ' have'), watch.missing))
+                        + (' has' if len(lacking) == 1 else ' have'), program))
     return ('mpiexec could not start its proxies on every host%s, and each answers '
             '`%s HOST true`: see mpiexec\'s lines above' % (
                 ' (%s)' % ', '.join(hosts) if hosts else '',
