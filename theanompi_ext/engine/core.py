@@ -88,7 +88,7 @@ def _stable_cache_keys(theano_module):
       (equal to every other instance: it has no properties) and its types.
     """
     import hashlib
-    from theano.gof import cc, op
+    cc, op = theano_module.gof.cc, theano_module.gof.op
 
     def c_code_cache_version(self):
         digest = hashlib.sha256('\0'.join(self.func_codes).encode('utf-8')).digest()
