@@ -125,6 +125,44 @@ def test_signal_to_launcher_stops_every_rank(tmp_path, sig):
     assert not temporaries(out)
 
 
+# a launcher started as nohup starts it (SIGHUP ignored), and as a shell without job
+# control starts `cmd &` (SIGINT ignored)
+IGNORING = [sys.executable, '-c', 'import os, signal, sys\n'
+            'for s in (signal.SIGHUP, signal.SIGINT): signal.signal(s, signal.SIG_IGN)\n'
+            'os.execv(sys.executable, [sys.executable] + sys.argv[1:])']
+
+
+def test_signals_ignored_at_start_stay_ignored(tmp_path):
+    """A launcher started with SIGHUP and SIGINT ignored (``nohup cmd &`` in a script)
+    trains on through both, as its starter asked: a terminal's hangup must not end
+    a run under nohup. SIGTERM still stops every rank (143)."""
+    out = tmp_path / 'run'
+    job = Job(IGNORING + ['-m', 'theanompi_ext'] + LONG + ['--out', str(out)], tmp_path)
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or job.proc.poll() is not None,
+                 120, 'the first checkpoints')
+        assert job.proc.poll() is None, job.err()[-3000:]
+        before = good_checkpoint(out / checkpoint.FILENAME)
+        os.kill(job.proc.pid, signal.SIGHUP)
+        signal_a_helper_thread(job.proc.pid, signal.SIGINT)
+        os.kill(job.proc.pid, signal.SIGINT)
+        time.sleep(2.0)
+        assert job.proc.poll() is None, job.err()[-3000:]
+        wait_for(lambda: good_checkpoint(out / checkpoint.FILENAME) > before, 30,
+                 'training to go on after SIGHUP and SIGINT')
+        os.kill(job.proc.pid, signal.SIGTERM)
+        took = job.gone_within(20)
+        rc = job.wait()
+    finally:
+        job.finish()
+    assert took is not None and took < 8, took
+    assert rc == 128 + signal.SIGTERM, (rc, job.err()[-3000:])
+    err = job.err()
+    assert 'stopped by SIGTERM: every rank of the job ended' in err
+    assert 'SIGHUP' not in err and 'SIGINT' not in err, err[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) > before
+
+
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
                          ids=lambda s: signal.Signals(s).name)
 def test_signal_during_checkpoint_write(tmp_path, sig):

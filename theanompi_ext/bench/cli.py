@@ -16,6 +16,7 @@ deleted on the way out (``launch/mpiexec.wait_job``,
 import signal
 import sys
 
+from .. import stop_signals
 from ..cli.commands import register_modules
 from ..errors import EXIT_BAD_INPUT, EXIT_SIGNAL_BASE
 
@@ -48,15 +49,15 @@ def register(sub):
 
 def exit_on_stop_signals(func):
     """``func(args)`` with SIGTERM and SIGHUP raising ``SystemExit(128 + signal)``
-    (the handlers before it are put back afterwards)."""
+    (the handlers before it are put back afterwards; one ignored when the
+    benchmark started stays ignored: :mod:`theanompi_ext.stop_signals`)."""
     def run(args):
         def stop(signum, frame):
             sys.exit(EXIT_SIGNAL_BASE + signum)
-        old = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+        old = stop_signals.catch({sig: stop for sig in STOP_SIGNALS})
         try:
             return func(args)
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            stop_signals.restore(old)
     run.__doc__ = func.__doc__
     return run

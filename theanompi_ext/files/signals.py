@@ -1,14 +1,16 @@
 """Stop signals held while a file is written (:func:`deferred_signals`).
 
 SIGTERM/SIGHUP/SIGINT arriving while a file is written wait until it is
-renamed into place (then act as usual).
+renamed into place (then act as usual). One ignored before stays ignored
+(:mod:`theanompi_ext.stop_signals`).
 """
 import contextlib
 import os
-import signal
 import threading
 
-_DEFERRED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+from .. import stop_signals
+
+_DEFERRED = stop_signals.STOP_SIGNALS
 
 
 @contextlib.contextmanager
@@ -24,19 +26,13 @@ def deferred_signals():
         yield
         return
     pending = []
-    old = {}
-    for sig in _DEFERRED:
-        try:
-            old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
-        except (ValueError, OSError):
-            pass
+    old = stop_signals.catch({sig: lambda s, f: pending.append(s) for sig in _DEFERRED})
     _held.active = True
     try:
         yield
     finally:
         _held.active = False
-        for sig, handler in old.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        stop_signals.restore(old)
         for sig in dict.fromkeys(pending):
             os.kill(os.getpid(), sig)
 

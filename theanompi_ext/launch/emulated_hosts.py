@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 
+from .. import stop_signals
 from .awake import wait_awake
 from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError, hosts_layout,
                                delete_namespace, namespaces, netns_problem, tbf_link)
@@ -431,10 +432,10 @@ def main(argv=None):
                 ', '.join('%s=%s' % (h, eh.address(h)) for h in eh.hosts), eh.hostfile,
                 eh.mpiexec), file=sys.stderr, flush=True)
             proc = subprocess.Popen(cmd, env=eh.env())
-            # SIGTERM/SIGHUP go on to the command (Ctrl-C reaches it by itself); the
-            # hosts are removed once it has ended
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+            # SIGTERM/SIGHUP go on to the command (Ctrl-C reaches it by itself), unless
+            # ignored here (nohup); the hosts are removed once it has ended
+            stop_signals.catch({sig: lambda signum, _frame: proc.send_signal(signum)
+                                for sig in (signal.SIGTERM, signal.SIGHUP)})
             while True:
                 try:
                     return wait_awake(proc)      # the handlers run whichever thread took the signal

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from .. import stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
 from .awake import join_awake, wait_awake
@@ -44,7 +45,7 @@ AFTER_ABORT_S = 3.0
 #: The grace of that stop: the ranks of this host have ended already.
 AFTER_ABORT_GRACE_S = 1.0
 #: Signals that stop a job; the launcher then exits with 128 + the signal's number.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = stop_signals.STOP_SIGNALS
 
 
 class ExitOrder(threading.Thread):
@@ -274,12 +275,12 @@ def _interrupted(signum, frame):
 def _catch_stop_signals():
     """SIGTERM and SIGHUP raise :class:`Stopped`, SIGINT KeyboardInterrupt, each
     bounding the launcher's life from then (:func:`_arm_stop_bound`); returns the
-    previous handlers ({} off the main thread)."""
+    previous handlers ({} off the main thread). A signal ignored when the launcher
+    started stays ignored (``nohup``'s SIGHUP: :mod:`theanompi_ext.stop_signals`)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    old = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    old[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupted)
-    return old
+    return stop_signals.catch({signal.SIGTERM: _stopped, signal.SIGHUP: _stopped,
+                               signal.SIGINT: _interrupted})
 
 
 def _parent_of(pid):
@@ -554,8 +555,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                           '(exit status %d)' % (signal.Signals(signum).name,
                                                 EXIT_SIGNAL_BASE + signum))
     finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
+        stop_signals.restore(old_handlers)
         _disarm_stop_bound()
         shutil.rmtree(folder, ignore_errors=True)
 

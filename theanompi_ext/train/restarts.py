@@ -31,6 +31,7 @@ import signal
 import sys
 import time
 
+from .. import stop_signals
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
 from ..launch.start_watch import NOT_STARTED
 from . import attempt as attempt_vars
@@ -281,7 +282,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
     err = err or sys.stderr
     log = RestartLog(cfg.out, cfg.max_restarts)
     leftovers.become_subreaper()
-    handlers = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGHUP)}
+    handlers = stop_signals.catch({signal.SIGTERM: _raise_stopped, signal.SIGHUP: _raise_stopped})
     progress = os.path.join(cfg.out, PROGRESS_NAME)
     not_ours = set() if cfg.resume else file_versions(cfg.out)
     previous = None
@@ -362,8 +363,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
                   'status %d)\n' % (signal.Signals(signum).name, status))
         return status
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        stop_signals.restore(handlers)
         _remove(progress)
 
 
