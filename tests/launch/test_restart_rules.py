@@ -40,6 +40,7 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
     (3, 'theanompi-ext: rank 0 of 2 failed: DivergedState: x', False, 'diverged'),
     (3, 'theanompi-ext: rank 1 of 2 failed: RuntimeError: a bug', False, 'exception on a rank'),
     (130, '', False, 'SIGINT'), (143, '', False, 'SIGTERM'), (129, '', False, 'SIGHUP'),
+    (141, '', False, 'SIGPIPE'),    # its output's reader gone: a restart would meet it too
     (124, '', False, 'timed out'),
     (4, 'theanompi-ext: the job did not start within 20 s (start_timeout_s): not every rank '
         'joined (...)', True, 'did not start in time'),

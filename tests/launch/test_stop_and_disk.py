@@ -125,6 +125,34 @@ def test_signal_to_launcher_stops_every_rank(tmp_path, sig):
     assert not temporaries(out)
 
 
+def test_closed_output_stops_every_rank(tmp_path):
+    """The reader of the launcher's output goes away (``| head -1`` ended): the job
+    is stopped as SIGPIPE would stop it (141), the launcher's last line says so on
+    standard error, nothing is left, the checkpoint verifies. Before, the thread
+    copying mpiexec's output died of the broken pipe, the ranks' next lines filled
+    the unread pipe and the job blocked on them (measured: a 60-epoch run was still
+    there 400 s later)."""
+    from theanompi_ext.launch.postmortem import CLOSED_OUTPUT
+    out = tmp_path / 'run'
+    verbose = [a for a in LONG if a != '--quiet'] + ['--progress-every', '1']
+    job = Job(['bash', '-c', 'set -o pipefail; "$@" | head -1', 'head'] + CLI + verbose +
+              ['--out', str(out)], tmp_path)
+    try:
+        rc = job.wait(120)
+        took = job.gone_within(20)
+    finally:
+        job.finish()
+    assert rc == 128 + signal.SIGPIPE, (rc, job.err()[-3000:])
+    assert took is not None, job.err()[-3000:]
+    assert job.err().rstrip().endswith(
+        'theanompi-ext: stopped %s: every rank of the job ended (exit status 141)'
+        % CLOSED_OUTPUT), job.err()[-3000:]
+    assert 'Traceback' not in job.err(), job.err()[-3000:]
+    assert not temporaries(out)
+    if (out / checkpoint.FILENAME).exists():
+        good_checkpoint(out / checkpoint.FILENAME)
+
+
 # a launcher started as nohup starts it (SIGHUP ignored), and as a shell without job
 # control starts `cmd &` (SIGINT ignored)
 IGNORING = [sys.executable, '-c', 'import os, signal, sys\n'

@@ -25,7 +25,7 @@ import time
 from .. import stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
-from .awake import join_awake, wait_awake
+from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
@@ -267,6 +267,21 @@ def _stopped(signum, frame):
     raise Stopped(signum)
 
 
+#: Why the launcher stopped a job whose output's reader had gone (status 141, as
+#: for SIGPIPE, which Python ignores: a write fails with EPIPE instead).
+CLOSED_OUTPUT = ('because its output was closed (a broken pipe: its reader, '
+                 'such as `| head`, ended)')
+
+
+def _join_unless_closed(thread, closed):
+    """Wait for a stream ``thread`` (:func:`join_awake`); once ``closed`` (an Event
+    its copy set: our own output's reader has gone) is set, stop the job as the
+    SIGPIPE that Python ignores would have: :class:`Stopped`, bounded."""
+    while not join_awake(thread, WAKE_S):
+        if closed.is_set():
+            _stopped(signal.SIGPIPE, None)
+
+
 def _interrupted(signum, frame):
     _arm_stop_bound(signum)
     raise KeyboardInterrupt
@@ -397,20 +412,24 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _passing(stream, dest, gate, report, launch, shown, name):
+def _passing(stream, dest, gate, report, launch, shown, name, closed=None):
     """A started daemon thread that copies mpiexec's ``stream`` (:func:`_pass_through`)."""
     thread = threading.Thread(target=_pass_through, name='mpiexec-' + name, daemon=True,
-                              args=(stream, dest, gate, report, launch), kwargs=dict(shown=shown))
+                              args=(stream, dest, gate, report, launch),
+                              kwargs=dict(shown=shown, closed=closed))
     thread.start()
     return thread
 
 
-def _pass_through(stream, dest, gate, *reports, shown=None):
+def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
     line, showing each line to each of ``reports``, except what ``gate`` (an
     :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
     that died or aborted; returns at the end of the stream. ``shown`` (a list): the
-    last line passed is kept in it."""
+    last line passed is kept in it. When ``dest``'s reader has gone (a broken
+    pipe: ``| head`` ended), ``dest`` becomes /dev/null, ``closed`` (an Event) is
+    set, and the stream is still read to its end: an unread pipe would block
+    mpiexec, and the ranks behind it, on their next line."""
     raw = getattr(dest, 'buffer', None)
     for line in iter(stream.readline, b''):
         for report in reports:
@@ -422,11 +441,27 @@ def _pass_through(stream, dest, gate, *reports, shown=None):
             continue
         if shown is not None:
             shown[:] = [line]
-        if raw is not None:
-            raw.write(line)
-        else:
-            dest.write(line.decode('utf-8', 'replace'))
-        dest.flush()
+        try:
+            if raw is not None:
+                raw.write(line)
+            else:
+                dest.write(line.decode('utf-8', 'replace'))
+            dest.flush()
+        except BrokenPipeError:
+            _to_devnull(dest)
+            if closed is not None:
+                closed.set()
+
+
+def _to_devnull(dest):
+    """Point the file under ``dest`` at /dev/null, so that what is still buffered and
+    whatever the launcher writes there later goes nowhere, without an error."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, dest.fileno())
+        os.close(fd)
+    except (OSError, AttributeError, ValueError):    # no file under it (a test's buffer)
+        pass
 
 
 def _last_words(gate, message, err, heading=None, shown=()):
@@ -437,11 +472,14 @@ def _last_words(gate, message, err, heading=None, shown=()):
     that ended otherwise (:meth:`~.exit_noise.EndingFilter.unheld`) comes first."""
     lines = [line.decode('utf-8', 'replace').rstrip('\n') for line in gate.unheld()]
     lines += [line for line in (heading, gate.summary(), message) if line]
-    if lines and shown and not shown[-1].endswith(b'\n'):
-        err.write('\n')
-    for line in lines:
-        err.write(line + '\n')
-    err.flush()
+    try:
+        if lines and shown and not shown[-1].endswith(b'\n'):
+            err.write('\n')
+        for line in lines:
+            err.write(line + '\n')
+        err.flush()
+    except BrokenPipeError:     # their reader has gone too (2>&1 | head)
+        _to_devnull(err)
 
 
 def timed_out_message(timeout_s):
@@ -455,7 +493,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
     SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
-    128 + the signal's number (130, 143, 129); if this process is SIGKILLed,
+    128 + the signal's number (130, 143, 129), unless ignored when we started
+    (:mod:`theanompi_ext.stop_signals`); so does a closed ``out`` or ``err`` (its
+    reader gone: 141, as SIGPIPE); if this process is SIGKILLed,
     mpiexec gets SIGKILL from the kernel and the ranks follow
     (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
     Returns the exit status (see :mod:`theanompi_ext.errors`).
@@ -505,12 +545,15 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         # Both streams are copied by threads: the main thread only waits in slices,
         # so that it runs a stop signal's handler whichever thread took the signal
         # (launch/awake.py)
-        err_thread = _passing(proc.stderr, err, gate, err_report, launch, shown, 'stderr')
-        out_thread = _passing(proc.stdout, out, gate, out_report, launch, shown, 'stdout')
+        closed = threading.Event()      # set when our own output's reader has gone
+        err_thread = _passing(proc.stderr, err, gate, err_report, launch, shown, 'stderr',
+                              closed)
+        out_thread = _passing(proc.stdout, out, gate, out_report, launch, shown, 'stdout',
+                              closed)
         watch.start()
-        join_awake(out_thread)
+        _join_unless_closed(out_thread, closed)
         status = wait_awake(proc)
-        join_awake(err_thread)
+        _join_unless_closed(err_thread, closed)
         watch.stop()
         start_watch.finish()
         time_limit.finish()
@@ -550,10 +593,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         for thread in (out_thread, err_thread):
             if thread is not None:
                 thread.join(max(0.0, joined_by - time.monotonic()))
+        why = (CLOSED_OUTPUT if signum == signal.SIGPIPE else 'by ' +
+               signal.Signals(signum).name)
         return last_words(EXIT_SIGNAL_BASE + signum,
-                          'theanompi-ext: stopped by %s: every rank of the job ended '
-                          '(exit status %d)' % (signal.Signals(signum).name,
-                                                EXIT_SIGNAL_BASE + signum))
+                          'theanompi-ext: stopped %s: every rank of the job ended '
+                          '(exit status %d)' % (why, EXIT_SIGNAL_BASE + signum))
     finally:
         stop_signals.restore(old_handlers)
         _disarm_stop_bound()

@@ -39,8 +39,9 @@ from . import attempt as attempt_vars
 LOG_NAME = 'restarts.json'
 PROGRESS_NAME = '.theanompi-ext.progress'
 CORRUPT_NAME = 'checkpoint.corrupt.h5'
+# (SIGPIPE: the launcher stopped the job because its output's reader had gone)
 STOP_STATUSES = tuple(EXIT_SIGNAL_BASE + s for s in (signal.SIGINT, signal.SIGTERM,
-                                                     signal.SIGHUP))
+                                                     signal.SIGHUP, signal.SIGPIPE))
 #: Errors of status 3 that a restart meets again (the resume is exact).
 _DETERMINISTIC = ('NonFiniteLoss', 'DivergedState', 'ReplicaMismatch', 'WireOverflow',
                   'WriteError')
@@ -88,8 +89,9 @@ def classify(status, message=''):
     if status == EXIT_OK:
         return Verdict(False, 'finished')
     if status in STOP_STATUSES:
-        return Verdict(False, 'the launcher was stopped by %s'
-                       % signal.Signals(status - EXIT_SIGNAL_BASE).name)
+        sig = signal.Signals(status - EXIT_SIGNAL_BASE)
+        return Verdict(False, 'the launcher was stopped by %s%s' % (
+            sig.name, ' (its output was closed)' if sig == signal.SIGPIPE else ''))
     if status == EXIT_BAD_INPUT:
         return Verdict(False, 'bad input')
     if status == EXIT_TIMEOUT:
