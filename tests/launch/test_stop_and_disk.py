@@ -153,6 +153,26 @@ def test_closed_output_stops_every_rank(tmp_path):
         good_checkpoint(out / checkpoint.FILENAME)
 
 
+def test_output_that_cannot_be_written_is_dropped_and_the_job_goes_on(tmp_path):
+    """Standard output on a full disk (/dev/full): one warning, the job's lines are
+    dropped and it runs to its end (0), its outputs whole. Before, the thread
+    copying mpiexec's output died of the error with a traceback, and the job's
+    next 1,500 progress lines filled the unread pipe and blocked it."""
+    out = tmp_path / 'run'
+    argv = [a for a in LONG if a != '--quiet'] + ['--progress-every', '1', '--max-steps', '1500',
+                                                  '--checkpoint-every', '500']
+    with open(os.devnull.replace('null', 'full'), 'w') as full:
+        r = subprocess.run(CLI + argv + ['--out', str(out)], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("could not write the job's output to standard output ([Errno 28] "
+                          "No space left on device): its lines are dropped from here; the job "
+                          "goes on") == 1, r.stderr[-3000:]
+    assert 'Traceback' not in r.stderr, r.stderr[-3000:]
+    assert json.loads((out / 'summary.json').read_text())['iterations'] == 1500
+    assert good_checkpoint(out / checkpoint.FILENAME) == 1500
+
+
 # a launcher started as nohup starts it (SIGHUP ignored), and as a shell without job
 # control starts `cmd &` (SIGINT ignored)
 IGNORING = [sys.executable, '-c', 'import os, signal, sys\n'

@@ -427,10 +427,13 @@ def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
     :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
     that died or aborted; returns at the end of the stream. ``shown`` (a list): the
     last line passed is kept in it. When ``dest``'s reader has gone (a broken
-    pipe: ``| head`` ended), ``dest`` becomes /dev/null, ``closed`` (an Event) is
-    set, and the stream is still read to its end: an unread pipe would block
-    mpiexec, and the ranks behind it, on their next line."""
+    pipe: ``| head`` ended), ``dest`` becomes /dev/null and ``closed`` (an Event)
+    is set; when ``dest`` cannot be written otherwise (a full disk under ``>
+    log``), the rest of the job's lines are dropped, with one warning. Either way
+    the stream is still read to its end: an unread pipe would block mpiexec, and
+    the ranks behind it, on their next line."""
     raw = getattr(dest, 'buffer', None)
+    lost = False
     for line in iter(stream.readline, b''):
         for report in reports:
             report.feed(line)
@@ -441,6 +444,8 @@ def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
             continue
         if shown is not None:
             shown[:] = [line]
+        if lost:
+            continue
         try:
             if raw is not None:
                 raw.write(line)
@@ -451,6 +456,24 @@ def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
             _to_devnull(dest)
             if closed is not None:
                 closed.set()
+        except OSError as exc:
+            lost = True
+            _say_dropped(dest, exc)
+
+
+def _say_dropped(dest, exc):
+    """One warning, on standard error unless that is ``dest``: the job's lines to
+    ``dest`` are dropped from now on; the job goes on."""
+    try:
+        if dest.fileno() == sys.stderr.fileno():
+            return
+        name = getattr(dest, 'name', None)
+        sys.stderr.write("theanompi-ext: warning: could not write the job's output to %s (%s): "
+                         "its lines are dropped from here; the job goes on\n"
+                         % ({'<stdout>': 'standard output'}.get(name, name or 'its file'), exc))
+        sys.stderr.flush()
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 def _to_devnull(dest):
