@@ -267,6 +267,11 @@ def _stopped(signum, frame):
     raise Stopped(signum)
 
 
+def _interrupted(signum, frame):
+    _arm_stop_bound(signum)
+    raise KeyboardInterrupt
+
+
 #: Why the launcher stopped a job whose output's reader had gone (status 141, as
 #: for SIGPIPE, which Python ignores: a write fails with EPIPE instead).
 CLOSED_OUTPUT = ('because its output was closed (a broken pipe: its reader, '
@@ -280,11 +285,6 @@ def _join_unless_closed(thread, closed):
     while not join_awake(thread, WAKE_S):
         if closed.is_set():
             _stopped(signal.SIGPIPE, None)
-
-
-def _interrupted(signum, frame):
-    _arm_stop_bound(signum)
-    raise KeyboardInterrupt
 
 
 def _catch_stop_signals():
