@@ -40,8 +40,8 @@ LOG_NAME = 'restarts.json'
 PROGRESS_NAME = '.theanompi-ext.progress'
 CORRUPT_NAME = 'checkpoint.corrupt.h5'
 # (SIGPIPE: the launcher stopped the job because its output's reader had gone)
-STOP_STATUSES = tuple(EXIT_SIGNAL_BASE + s for s in (signal.SIGINT, signal.SIGTERM,
-                                                     signal.SIGHUP, signal.SIGPIPE))
+STOP_STATUSES = tuple(EXIT_SIGNAL_BASE + s
+                      for s in stop_signals.STOP_SIGNALS + (signal.SIGPIPE,))
 #: Errors of status 3 that a restart meets again (the resume is exact).
 _DETERMINISTIC = ('NonFiniteLoss', 'DivergedState', 'ReplicaMismatch', 'WireOverflow',
                   'WriteError')
