@@ -28,8 +28,9 @@ N   ``mpiexec``'s own status when a rank was killed by a signal (9 for SIGKILL
     and the OOM killer, 11 for a segfault); the launcher names the rank (Open
     MPI's mpiexec exits 128 + N: the launcher exits N, ``launch/postmortem.py``)
 1xx :data:`EXIT_SIGNAL_BASE` + the signal's number: the launcher was stopped
-    (130 SIGINT, 143 SIGTERM, 129 SIGHUP; 141 when its output's reader has
-    gone, a broken pipe; every rank has ended, ``launch/postmortem.py``)
+    (130 SIGINT, 143 SIGTERM, 129 SIGHUP; every rank has ended,
+    ``launch/postmortem.py``); 141 from any command whose output's reader has
+    gone, a broken pipe (``closed_output.py``)
 === ======================================================================
 
 Two marks, each said one way:

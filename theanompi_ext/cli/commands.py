@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from .. import closed_output
 from ..errors import EXIT_BAD_INPUT
 
 COMMANDS = [
@@ -22,6 +23,10 @@ COMMANDS = [
     'theanompi_ext.bench.cli',
     'theanompi_ext.launch.hostlists',
 ]
+
+#: Commands whose work is what they print: a closed output ends them silently,
+#: as it ends ``ls | head``; the others say on stderr why they stopped.
+PRINT_ONLY = ('info', 'simulate', 'hostfile')
 
 
 def build_parser():
@@ -47,13 +52,27 @@ def register_modules(sub, modnames):
 
 
 def main(argv=None):
-    """Entry point of the console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, 'func', None):
-        parser.print_help()
-        return EXIT_BAD_INPUT
-    return int(args.func(args) or 0)
+    """Entry point of the console script.
+
+    Its status is the command's; 141 when its output was closed (``| head``
+    ended first: :mod:`theanompi_ext.closed_output`).
+    """
+    args = None
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, 'func', None):
+            parser.print_help()
+            return EXIT_BAD_INPUT
+        return int(args.func(args) or 0)
+    except BrokenPipeError as exc:
+        if not closed_output.is_closed(exc):
+            raise
+        command = getattr(args, 'command', None)
+        return closed_output.end(
+            None if command in PRINT_ONLY or args is None else
+            'theanompi-ext %s: stopped %s (exit status %d)'
+            % (command, closed_output.WHY, closed_output.STATUS))
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from .. import stop_signals
+from .. import closed_output, stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
 from .awake import WAKE_S, join_awake, wait_awake
@@ -274,8 +274,7 @@ def _interrupted(signum, frame):
 
 #: Why the launcher stopped a job whose output's reader had gone (status 141, as
 #: for SIGPIPE, which Python ignores: a write fails with EPIPE instead).
-CLOSED_OUTPUT = ('because its output was closed (a broken pipe: its reader, '
-                 'such as `| head`, ended)')
+CLOSED_OUTPUT = closed_output.WHY
 
 
 def _join_unless_closed(thread, closed):

@@ -212,13 +212,26 @@ def session_from_file(path, flags=None):
 
 
 def main(argv=None):
-    """Parse, validate, launch and wait; returns the exit status."""
+    """Parse, validate, launch and wait; returns the exit status (141 when its
+    output was closed, as ``theanompi-ext``'s: :mod:`theanompi_ext.closed_output`)."""
+    from .. import closed_output
+    argv = sys.argv[1:] if argv is None else argv
+    asked_help = any(a in ('-h', '--help', '-help') for a in argv)
+    try:
+        if asked_help:
+            sys.stdout.write(USAGE + '\n')
+            return 0
+        return _main(argv)
+    except BrokenPipeError as exc:
+        if not closed_output.is_closed(exc):
+            raise
+        return closed_output.end(None if asked_help else 'tmxlauncher: stopped %s (exit '
+                                 'status %d)' % (closed_output.WHY, closed_output.STATUS))
+
+
+def _main(argv):
     from .rule import BSP
     from ..launch.reach import Unreachable
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ('-h', '--help', '-help') for a in argv):
-        sys.stdout.write(USAGE + '\n')
-        return 0
     try:
         flags = parse_args(argv)
         dry_run = flags.pop('dry_run', False)

@@ -40,7 +40,13 @@ from ..errors import EXIT_BAD_INPUT
 
 
 def import_model_class(modelfile, modelclass):
-    """The class ``modelclass`` from a dotted module name or a ``.py`` path."""
+    """The class ``modelclass`` from a dotted module name or a ``.py`` path.
+
+    A dotted module is searched in the working directory first, as the ranks
+    (whose PYTHONPATH starts with it, ``rule.py``) and Theano-MPI's users
+    expect, also where the working directory is not on ``sys.path`` (the
+    ``tmxlauncher`` console script's ``--dry-run``).
+    """
     if modelfile.endswith('.py') or os.path.sep in modelfile:
         name = os.path.splitext(os.path.basename(modelfile))[0]
         spec = importlib.util.spec_from_file_location(name, modelfile)
@@ -50,6 +56,8 @@ def import_model_class(modelfile, modelclass):
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())   # kept: the module may import its neighbours later
         mod = importlib.import_module(modelfile)
     try:
         return getattr(mod, modelclass)

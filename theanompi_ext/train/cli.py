@@ -108,6 +108,8 @@ def main(args):
             before_launch(cfg, workers, hostfile, args.dry_run)
         if args.dry_run:
             return EXIT_OK
+    except BrokenPipeError:
+        raise                              # our output's reader has gone: cli/commands.py
     except (OSError, ValueError) as exc:   # e.g. less data than one minibatch
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT

@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 
-from .. import stop_signals
+from .. import closed_output, stop_signals
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
 from ..launch.start_watch import NOT_STARTED
 from . import attempt as attempt_vars
@@ -39,9 +39,9 @@ from . import attempt as attempt_vars
 LOG_NAME = 'restarts.json'
 PROGRESS_NAME = '.theanompi-ext.progress'
 CORRUPT_NAME = 'checkpoint.corrupt.h5'
-# (SIGPIPE: the launcher stopped the job because its output's reader had gone)
+# (and 141: the launcher stopped the job because its output's reader had gone)
 STOP_STATUSES = tuple(EXIT_SIGNAL_BASE + s
-                      for s in stop_signals.STOP_SIGNALS + (signal.SIGPIPE,))
+                      for s in stop_signals.STOP_SIGNALS) + (closed_output.STATUS,)
 #: Errors of status 3 that a restart meets again (the resume is exact).
 _DETERMINISTIC = ('NonFiniteLoss', 'DivergedState', 'ReplicaMismatch', 'WireOverflow',
                   'WriteError')

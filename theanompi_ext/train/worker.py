@@ -166,7 +166,8 @@ def main(argv=None):
 def guarded(fn):
     """Run ``fn``; on any exception print it with the rank and end every rank.
 
-    Returns the exit status (``errors.py``: 2 bad input, 3 failed).
+    Returns the exit status (``errors.py``: 2 bad input, 3 failed; 141 when this
+    process's own output was closed, :mod:`theanompi_ext.closed_output`).
     """
     from . import faults
     from ..errors import EXIT_OK, exit_status
@@ -178,6 +179,16 @@ def guarded(fn):
         faults.note_rank('done %d' % EXIT_OK)
         return EXIT_OK
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
+        from .. import closed_output
+        if closed_output.is_closed(exc):
+            # as SIGPIPE ends other tools (`train --workers 1 | head`): 141
+            who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
+            status = closed_output.end('theanompi-ext: %sstopped %s (exit status %d)'
+                                       % (who, closed_output.WHY, closed_output.STATUS))
+            faults.note_rank('failed %d' % status)
+            if comm.size > 1:
+                comm.abort(status)
+            return status
         status = exit_status(exc)
         faults.note_rank('failed %d' % status)
         from .error_location import error_location
