@@ -16,7 +16,9 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
     names it), a non-finite loss, replicas that diverged, a rank that ended
     without finishing while the launcher reported success; also a file that
     cannot be written (:class:`WriteError`), a state that is not finite when it
-    would be saved (:class:`DivergedState`); ``trials``: a trial failed
+    would be saved (:class:`DivergedState`); ``trials``: a trial failed; a
+    command other than ``train``, ``trials``, ``convert`` whose standard output
+    cannot be written (a full disk, ``output_faults.py``)
 4   :data:`EXIT_TIMEOUT`: a wait in a step's collective exceeded
     ``collective_timeout_s`` (the message names the ranks that had not
     arrived); also a checkpoint or final-output write longer than
@@ -30,7 +32,7 @@ N   ``mpiexec``'s own status when a rank was killed by a signal (9 for SIGKILL
 1xx :data:`EXIT_SIGNAL_BASE` + the signal's number: the launcher was stopped
     (130 SIGINT, 143 SIGTERM, 129 SIGHUP; every rank has ended,
     ``launch/postmortem.py``); 141 from any command whose output's reader has
-    gone, a broken pipe (``closed_output.py``)
+    gone, a broken pipe (``output_faults.py``)
 === ======================================================================
 
 Two marks, each said one way:
@@ -44,6 +46,7 @@ Two marks, each said one way:
 
 Nothing here imports anything of the package: every layer may import it.
 """
+import signal
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -63,7 +66,10 @@ class AllRanks(Exception):
 
 
 def exit_status(exc):
-    """The exit status for an exception that ended a rank (see the module docstring)."""
+    """The exit status for an exception that ended a rank (see the module docstring):
+    130 for a Ctrl-C (``KeyboardInterrupt``: SIGINT), as the launcher's."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGNAL_BASE + signal.SIGINT
     return EXIT_BAD_INPUT if isinstance(exc, BadInput) else EXIT_FAILED
 
 

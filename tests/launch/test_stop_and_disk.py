@@ -153,22 +153,28 @@ def test_closed_output_stops_every_rank(tmp_path):
         good_checkpoint(out / checkpoint.FILENAME)
 
 
-def test_output_that_cannot_be_written_is_dropped_and_the_job_goes_on(tmp_path):
+@pytest.mark.parametrize('buffering', ['buffered', 'unbuffered'])
+def test_output_that_cannot_be_written_is_dropped_and_the_job_goes_on(tmp_path, buffering):
     """Standard output on a full disk (/dev/full): one warning, the job's lines are
     dropped and it runs to its end (0), its outputs whole. Before, the thread
     copying mpiexec's output died of the error with a traceback, and the job's
-    next 1,500 progress lines filled the unread pipe and blocked it."""
+    next 1,500 progress lines filled the unread pipe and blocked it; and with the
+    launcher's output buffered (a user's default, not PYTHONUNBUFFERED) what it
+    still held failed again at exit (status 120)."""
     out = tmp_path / 'run'
     argv = [a for a in LONG if a != '--quiet'] + ['--progress-every', '1', '--max-steps', '1500',
                                                   '--checkpoint-every', '500']
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONUNBUFFERED'}
+    if buffering == 'unbuffered':
+        env['PYTHONUNBUFFERED'] = '1'
     with open('/dev/full', 'w') as full:
         r = subprocess.run(CLI + argv + ['--out', str(out)], stdout=full, stderr=subprocess.PIPE,
-                           text=True, timeout=JOB_TIMEOUT)
+                           text=True, timeout=JOB_TIMEOUT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("could not write the job's output to standard output ([Errno 28] "
                           "No space left on device): its lines are dropped from here; the job "
                           "goes on") == 1, r.stderr[-3000:]
-    assert 'Traceback' not in r.stderr, r.stderr[-3000:]
+    assert 'Traceback' not in r.stderr and 'Exception ignored' not in r.stderr, r.stderr[-3000:]
     assert json.loads((out / 'summary.json').read_text())['iterations'] == 1500
     assert good_checkpoint(out / checkpoint.FILENAME) == 1500
 
@@ -209,6 +215,41 @@ def test_signals_ignored_at_start_stay_ignored(tmp_path):
     assert 'stopped by SIGTERM: every rank of the job ended' in err
     assert 'SIGHUP' not in err and 'SIGINT' not in err, err[-3000:]
     assert good_checkpoint(out / checkpoint.FILENAME) > before
+
+
+# Ctrl-C as a terminal gives it: SIGINT not ignored, whatever this test's starter did
+DEFAULTING = [sys.executable, '-c', 'import os, signal, sys\n'
+              'signal.signal(signal.SIGINT, signal.SIG_DFL)\n'
+              'os.execv(sys.executable, [sys.executable] + sys.argv[1:])']
+
+
+def test_ctrl_c_of_a_one_process_run_is_a_stop_not_a_failure(tmp_path):
+    """``train --workers 1`` runs in the launcher's own process: Ctrl-C there ends it
+    as it ends a job of several ranks, 130 and "stopped by SIGINT", its checkpoint
+    whole and its folder free for ``--resume``. Before, it said "rank 0 of 1
+    failed: KeyboardInterrupt" and ended with 3 (a failure, to a script)."""
+    out = tmp_path / 'run'
+    one = LONG[:LONG.index('--workers') + 1] + ['1'] + LONG[LONG.index('--workers') + 2:]
+    job = Job(DEFAULTING + ['-m', 'theanompi_ext'] + one + ['--out', str(out)], tmp_path)
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or job.proc.poll() is not None,
+                 120, 'the first checkpoints')
+        assert job.proc.poll() is None, job.err()[-3000:]
+        os.kill(job.proc.pid, signal.SIGINT)
+        took = job.gone_within(20)
+        rc = job.wait()
+    finally:
+        job.finish()
+    assert took is not None, job.err()[-3000:]
+    assert rc == 128 + signal.SIGINT, (rc, job.err()[-3000:])
+    err = job.err()
+    assert err.rstrip().splitlines()[-1] == 'theanompi-ext: stopped by SIGINT (exit status 130)'
+    assert 'failed' not in err and 'Traceback' not in err, err[-3000:]
+    assert not temporaries(out)
+    at = good_checkpoint(out / checkpoint.FILENAME)
+    r = cli(*(one + ['--out', out, '--resume', '--max-steps', at + 2]), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) == at + 2
 
 
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],

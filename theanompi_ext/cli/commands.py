@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .. import closed_output
+from .. import output_faults
 from ..errors import EXIT_BAD_INPUT
 
 COMMANDS = [
@@ -27,7 +27,9 @@ COMMANDS = [
 #: Commands whose work is what they print: a closed output ends them silently,
 #: as it ends ``ls | head``; the others say on stderr why they stopped.
 PRINT_ONLY = ('info', 'simulate', 'hostfile')
-
+#: Commands whose product is on disk: a line that cannot be written (a full
+#: disk) is dropped after one warning and they go on (the others end with 3).
+TRAINS = ('train', 'trials', 'convert')
 
 def build_parser():
     """The top-level parser with every sub-command registered."""
@@ -55,25 +57,23 @@ def main(argv=None):
     """Entry point of the console script.
 
     Its status is the command's; 141 when its output was closed (``| head``
-    ended first: :mod:`theanompi_ext.closed_output`).
+    ended first), 3 when a command other than ``train``, ``trials`` or
+    ``convert`` could not write it (:mod:`theanompi_ext.output_faults`).
     """
-    args = None
+    parser = build_parser()
     try:
-        parser = build_parser()
         args = parser.parse_args(argv)
-        if not getattr(args, 'func', None):
-            parser.print_help()
-            return EXIT_BAD_INPUT
-        return int(args.func(args) or 0)
-    except BrokenPipeError as exc:
-        if not closed_output.is_closed(exc):
-            raise
-        command = getattr(args, 'command', None)
-        return closed_output.end(
-            None if command in PRINT_ONLY or args is None else
-            'theanompi-ext %s: stopped %s (exit status %d)'
-            % (command, closed_output.WHY, closed_output.STATUS))
-
+    except SystemExit:
+        output_faults.flush_or_drop()    # --help into a closed or full output: argparse's 0
+        raise
+    if not getattr(args, 'func', None):
+        parser.print_help()
+        output_faults.flush_or_drop()    # as argparse's own help: usage, whatever the output
+        return EXIT_BAD_INPUT
+    return output_faults.run_command(
+        lambda: int(args.func(args) or 0), 'theanompi-ext ' + args.command,
+        trains=args.command in TRAINS and not getattr(args, 'dry_run', False),
+        prints_only=args.command in PRINT_ONLY)
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from .. import closed_output, stop_signals
+from .. import output_faults, stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
 from .awake import WAKE_S, join_awake, wait_awake
@@ -274,7 +274,7 @@ def _interrupted(signum, frame):
 
 #: Why the launcher stopped a job whose output's reader had gone (status 141, as
 #: for SIGPIPE, which Python ignores: a write fails with EPIPE instead).
-CLOSED_OUTPUT = closed_output.WHY
+CLOSED_OUTPUT = output_faults.CLOSED_WHY
 
 
 def _join_unless_closed(thread, closed):
@@ -452,12 +452,13 @@ def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
                 dest.write(line.decode('utf-8', 'replace'))
             dest.flush()
         except BrokenPipeError:
-            _to_devnull(dest)
+            output_faults.to_devnull(dest)
             if closed is not None:
                 closed.set()
         except OSError as exc:
             lost = True
             _say_dropped(dest, exc)
+            output_faults.to_devnull(dest)   # what dest still buffers must not fail at exit
 
 
 def _say_dropped(dest, exc):
@@ -467,22 +468,11 @@ def _say_dropped(dest, exc):
         if dest.fileno() == sys.stderr.fileno():
             return
         name = getattr(dest, 'name', None)
-        sys.stderr.write("theanompi-ext: warning: could not write the job's output to %s (%s): "
-                         "its lines are dropped from here; the job goes on\n"
-                         % ({'<stdout>': 'standard output'}.get(name, name or 'its file'), exc))
+        sys.stderr.write(output_faults.dropped_warning(
+            {'<stdout>': 'standard output', 1: 'standard output'}.get(name, name or 'its file'),
+            exc) + '\n')
         sys.stderr.flush()
     except (OSError, AttributeError, ValueError):
-        pass
-
-
-def _to_devnull(dest):
-    """Point the file under ``dest`` at /dev/null, so that what is still buffered and
-    whatever the launcher writes there later goes nowhere, without an error."""
-    try:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, dest.fileno())
-        os.close(fd)
-    except (OSError, AttributeError, ValueError):    # no file under it (a test's buffer)
         pass
 
 
@@ -501,7 +491,7 @@ def _last_words(gate, message, err, heading=None, shown=()):
             err.write(line + '\n')
         err.flush()
     except BrokenPipeError:     # their reader has gone too (2>&1 | head)
-        _to_devnull(err)
+        output_faults.to_devnull(err)
 
 
 def timed_out_message(timeout_s):

@@ -213,20 +213,14 @@ def session_from_file(path, flags=None):
 
 def main(argv=None):
     """Parse, validate, launch and wait; returns the exit status (141 when its
-    output was closed, as ``theanompi-ext``'s: :mod:`theanompi_ext.closed_output`)."""
-    from .. import closed_output
+    output was closed, as ``theanompi-ext``'s: :mod:`theanompi_ext.output_faults`)."""
+    from .. import output_faults
     argv = sys.argv[1:] if argv is None else argv
-    asked_help = any(a in ('-h', '--help', '-help') for a in argv)
-    try:
-        if asked_help:
-            sys.stdout.write(USAGE + '\n')
-            return 0
-        return _main(argv)
-    except BrokenPipeError as exc:
-        if not closed_output.is_closed(exc):
-            raise
-        return closed_output.end(None if asked_help else 'tmxlauncher: stopped %s (exit '
-                                 'status %d)' % (closed_output.WHY, closed_output.STATUS))
+    if any(a in ('-h', '--help', '-help') for a in argv):
+        return output_faults.run_command(lambda: sys.stdout.write(USAGE + '\n') and 0,
+                                         'tmxlauncher', trains=False, prints_only=True)
+    return output_faults.run_command(lambda: _main(argv), 'tmxlauncher',
+                                     trains='--dry-run' not in argv)
 
 
 def _main(argv):

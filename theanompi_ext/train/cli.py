@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 
+from .. import output_faults
 from ..errors import EXIT_BAD_INPUT, EXIT_OK
 from . import options
 from .progress import STDOUT_TTY_VAR
@@ -108,9 +109,9 @@ def main(args):
             before_launch(cfg, workers, hostfile, args.dry_run)
         if args.dry_run:
             return EXIT_OK
-    except BrokenPipeError:
-        raise                              # our output's reader has gone: cli/commands.py
     except (OSError, ValueError) as exc:   # e.g. less data than one minibatch
+        if isinstance(exc, BrokenPipeError) or output_faults.failed_write(exc):
+            raise                          # our own output's: output_faults.run_command
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
     if in_mpi_job():

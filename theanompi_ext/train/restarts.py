@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 
-from .. import closed_output, stop_signals
+from .. import output_faults, stop_signals
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
 from ..launch.start_watch import NOT_STARTED
 from . import attempt as attempt_vars
@@ -41,7 +41,7 @@ PROGRESS_NAME = '.theanompi-ext.progress'
 CORRUPT_NAME = 'checkpoint.corrupt.h5'
 # (and 141: the launcher stopped the job because its output's reader had gone)
 STOP_STATUSES = tuple(EXIT_SIGNAL_BASE + s
-                      for s in stop_signals.STOP_SIGNALS) + (closed_output.STATUS,)
+                      for s in stop_signals.STOP_SIGNALS) + (output_faults.CLOSED_STATUS,)
 #: Errors of status 3 that a restart meets again (the resume is exact).
 _DETERMINISTIC = ('NonFiniteLoss', 'DivergedState', 'ReplicaMismatch', 'WireOverflow',
                   'WriteError')

@@ -166,8 +166,9 @@ def main(argv=None):
 def guarded(fn):
     """Run ``fn``; on any exception print it with the rank and end every rank.
 
-    Returns the exit status (``errors.py``: 2 bad input, 3 failed; 141 when this
-    process's own output was closed, :mod:`theanompi_ext.closed_output`).
+    Returns the exit status (``errors.py``: 2 bad input, 3 failed; 130 after a
+    Ctrl-C; 141 when this process's own output was closed,
+    :mod:`theanompi_ext.output_faults`).
     """
     from . import faults
     from ..errors import EXIT_OK, exit_status
@@ -179,23 +180,29 @@ def guarded(fn):
         faults.note_rank('done %d' % EXIT_OK)
         return EXIT_OK
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
-        from .. import closed_output
-        if closed_output.is_closed(exc):
+        from .. import output_faults
+        who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
+        if output_faults.is_closed(exc):
             # as SIGPIPE ends other tools (`train --workers 1 | head`): 141
-            who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
-            status = closed_output.end('theanompi-ext: %sstopped %s (exit status %d)'
-                                       % (who, closed_output.WHY, closed_output.STATUS))
+            status = output_faults.end('theanompi-ext: %sstopped %s (exit status %d)'
+                                       % (who, output_faults.CLOSED_WHY, output_faults.CLOSED_STATUS))
             faults.note_rank('failed %d' % status)
             if comm.size > 1:
                 comm.abort(status)
             return status
         status = exit_status(exc)
         faults.note_rank('failed %d' % status)
-        from .error_location import error_location
-        where = error_location(exc)
-        sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s%s\n'
-                         % (comm.rank, comm.size, type(exc).__name__, exc,
-                            ' [at %s]' % where if where else ''))
+        if isinstance(exc, KeyboardInterrupt):
+            # Ctrl-C of `train --workers 1` (or of the user's own mpiexec): a stop, not a
+            # failure, and said as the launcher says it
+            sys.stderr.write('theanompi-ext: %sstopped by SIGINT (exit status %d)\n'
+                             % (who, status))
+        else:
+            from .error_location import error_location
+            where = error_location(exc)
+            sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s%s\n'
+                             % (comm.rank, comm.size, type(exc).__name__, exc,
+                                ' [at %s]' % where if where else ''))
         sys.stderr.flush()
         if os.environ.get('THEANOMPI_EXT_TRACEBACK'):
             import traceback

@@ -1,0 +1,216 @@
+"""Our standard output gone or unwritable: what a command does then.
+
+Two faults, two answers:
+
+* **Closed** (``| head`` ended, a pager quit): other Unix tools end by
+  SIGPIPE; Python ignores SIGPIPE, so the write raises ``BrokenPipeError``,
+  which unhandled ends in a traceback. Every command of ours ends as SIGPIPE
+  would: status 141 (:data:`CLOSED_STATUS`), nothing more written to the
+  closed output, and, for a command that does more than print, one line on
+  standard error saying why (:func:`end`).
+* **Unwritable** (``> log`` on a full disk, an I/O error): for a command
+  that trains (its product is on disk, and a run must not be lost to its
+  log) the lines are dropped after one warning and the run goes on; any other
+  command, whose product is what it prints, ends with status 3 and a clear
+  error (:func:`guard_stdout`, :func:`failed_write`).
+
+:func:`run_command` runs a console command under both rules.
+
+The launcher of several ranks, whose copies of the ranks' output meet these
+faults in threads, answers the same way (``launch/postmortem.py``).
+"""
+import io
+import os
+import select
+import signal
+import sys
+
+from .errors import EXIT_FAILED, EXIT_SIGNAL_BASE
+
+#: The exit status of a command whose output was closed: 128 + SIGPIPE.
+CLOSED_STATUS = EXIT_SIGNAL_BASE + signal.SIGPIPE
+
+#: Why, completing "stopped ...".
+CLOSED_WHY = ('because its output was closed (a broken pipe: its reader, such as `| head`, '
+              'ended)')
+
+
+def _stream_closed(stream):
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):   # not a file (captured, closed)
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)    # POLLERR and POLLHUP are reported whatever is asked
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return False
+    # Linux flags a pipe whose readers have all gone with POLLERR, a socket or
+    # a terminal that hung up with POLLHUP; a file (even a full one) with neither
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in events)
+
+
+def is_closed(exc=None):
+    """True when standard output or standard error has lost its reader.
+
+    With ``exc``, also that ``exc`` is the ``BrokenPipeError`` of such a write,
+    so that the broken pipe of something else (a child's pipe) is not taken
+    for a closed output.
+    """
+    if exc is not None and not isinstance(exc, BrokenPipeError):
+        return False
+    return _stream_closed(sys.stdout) or _stream_closed(sys.stderr)
+
+
+def end(message=None):
+    """End a command whose output was closed; returns :data:`CLOSED_STATUS`.
+
+    The closed streams are pointed at ``/dev/null``, so that what Python still
+    holds in their buffers is dropped at exit instead of failing again
+    ("Exception ignored ... BrokenPipeError", status 120). ``message``, when
+    given, goes to standard error if that is still read.
+    """
+    closed = [s for s in (sys.stdout, sys.stderr) if _stream_closed(s)]
+    for stream in closed:
+        to_devnull(stream)
+    if message and sys.stderr not in closed:
+        _say(message)
+    return CLOSED_STATUS
+
+
+def to_devnull(stream):
+    """Point the file under ``stream`` at /dev/null, so that what is still buffered
+    and whatever is written there later goes nowhere, without an error."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(fd, stream.fileno())
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError, ValueError):    # no file under it (a test's buffer)
+        pass
+
+
+def dropped_warning(where, exc):
+    """The one warning of lines dropped because ``where`` cannot be written."""
+    return ("theanompi-ext: warning: could not write the job's output to %s (%s): its lines "
+            "are dropped from here; the job goes on" % (where, exc))
+
+
+def _say(line):
+    try:
+        sys.stderr.write(line + '\n')
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class _GuardedOutput(io.FileIO):
+    """Standard output's descriptor, remembering a write that failed for a reason
+    other than a closed pipe (:attr:`failed`); with ``drop``, absorbing it and
+    every later write after one warning instead."""
+
+    def __init__(self, fd, drop):
+        super().__init__(fd, 'wb', closefd=False)
+        self.drop, self.failed = drop, None
+
+    def write(self, data):
+        if self.failed is not None and self.drop:
+            return len(data)
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            raise                   # closed: the command ends (141), not dropped
+        except OSError as exc:
+            self.failed = exc
+            if not self.drop:
+                raise
+            _say(dropped_warning('standard output', exc))
+            return len(data)
+
+
+_guard = {}
+
+
+def guard_stdout(drop):
+    """Put standard output on a guarded descriptor for the rest of a command.
+
+    ``drop``: a write that fails for a reason other than a closed pipe (a full
+    disk) drops it and every later line, after one warning, and the command
+    goes on (training); otherwise the error is raised, and
+    :func:`failed_write` tells it from other errors. Nothing happens when
+    standard output is not a file (a test's capture). :func:`unguard` puts
+    the original back.
+    """
+    old = sys.stdout
+    try:
+        fd = old.fileno()
+        old.flush()
+    except (AttributeError, OSError, ValueError):
+        return
+    raw = _GuardedOutput(fd, drop)
+    # as Python made it: block-buffered, or unbuffered under -u / PYTHONUNBUFFERED
+    unbuffered = isinstance(getattr(old, 'buffer', None), io.RawIOBase)
+    layer = raw if unbuffered else io.BufferedWriter(raw)
+    sys.stdout = io.TextIOWrapper(layer, encoding=old.encoding, errors=old.errors,
+                                  line_buffering=old.line_buffering,
+                                  write_through=unbuffered or old.write_through)
+    _guard.update(raw=raw, old=old)
+
+
+def failed_write(exc):
+    """True when ``exc`` is the error of a write to the guarded standard output."""
+    raw = _guard.get('raw')
+    return raw is not None and exc is raw.failed
+
+
+def unguard():
+    """Put back the standard output :func:`guard_stdout` replaced (its lines flushed,
+    or dropped when they cannot be written)."""
+    if not _guard:
+        return
+    flush_or_drop()
+    sys.stdout = _guard.pop('old')
+    _guard.clear()
+
+
+def flush_or_drop():
+    """Flush standard output; what cannot be written (closed, full) is dropped."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        to_devnull(sys.stdout)
+        try:
+            sys.stdout.flush()
+        except OSError:
+            pass
+
+
+def run_command(fn, name, trains, prints_only=False):
+    """Run the console command ``fn()`` (returns its status) under the two rules.
+
+    ``name`` begins its messages (``theanompi-ext train``). ``trains``: a line
+    that cannot be written is dropped and the command goes on. ``prints_only``:
+    a closed output ends it silently, as it ends ``ls | head``. Returns the
+    command's status, 141 when its output was closed, 3 when a command that
+    does not train could not write its output.
+    """
+    guard_stdout(drop=trains)
+    try:
+        status = fn()
+        sys.stdout.flush()     # here, not at exit: buffered lines fail here
+        return status
+    except BrokenPipeError as exc:
+        if not is_closed(exc):
+            raise
+        return end(None if prints_only else '%s: stopped %s (exit status %d)'
+                   % (name, CLOSED_WHY, CLOSED_STATUS))
+    except OSError as exc:
+        if not failed_write(exc):
+            raise
+        to_devnull(sys.stdout)
+        _say('%s: error: could not write its output to standard output (%s)' % (name, exc))
+        return EXIT_FAILED
+    finally:
+        unguard()
