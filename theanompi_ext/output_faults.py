@@ -134,7 +134,8 @@ _guard = {}
 
 
 def guard_stdout(drop):
-    """Put standard output on a guarded descriptor for the rest of a command.
+    """Put standard output on a guarded, line-buffered descriptor for the rest of a
+    command.
 
     ``drop``: a write that fails for a reason other than a closed pipe (a full
     disk) drops it and every later line, after one warning, and the command
@@ -150,11 +151,13 @@ def guard_stdout(drop):
     except (AttributeError, OSError, ValueError):
         return
     raw = _GuardedOutput(fd, drop)
-    # as Python made it: block-buffered, or unbuffered under -u / PYTHONUNBUFFERED
+    # unbuffered under -u / PYTHONUNBUFFERED, as Python made it; else line-buffered,
+    # not block-buffered as Python makes a file or a pipe: a run's lines must reach
+    # `> log` (and `tail -f`) as they are written, not in 8 KB blocks or at its end
     unbuffered = isinstance(getattr(old, 'buffer', None), io.RawIOBase)
     layer = raw if unbuffered else io.BufferedWriter(raw)
     sys.stdout = io.TextIOWrapper(layer, encoding=old.encoding, errors=old.errors,
-                                  line_buffering=old.line_buffering,
+                                  line_buffering=True,
                                   write_through=unbuffered or old.write_through)
     _guard.update(raw=raw, old=old)
 
