@@ -12,7 +12,8 @@ Two faults, two answers:
   that trains (its product is on disk, and a run must not be lost to its
   log) the lines are dropped after one warning and the run goes on; any other
   command, whose product is what it prints, ends with status 3 and a clear
-  error (:func:`guard_stdout`, :func:`failed_write`).
+  error (:func:`guard_output`, :func:`failed_write`). Standard error that
+  cannot be written loses its lines, silently: a warning never ends a command.
 
 :func:`run_command` runs a console command under both rules.
 
@@ -107,13 +108,13 @@ def _say(line):
 
 
 class _GuardedOutput(io.FileIO):
-    """Standard output's descriptor, remembering a write that failed for a reason
+    """A standard stream's descriptor, remembering a write that failed for a reason
     other than a closed pipe (:attr:`failed`); with ``drop``, absorbing it and
-    every later write after one warning instead."""
+    every later write instead (after ``warning(exc)``, when given, is said)."""
 
-    def __init__(self, fd, drop):
+    def __init__(self, fd, drop, warning=None):
         super().__init__(fd, 'wb', closefd=False)
-        self.drop, self.failed = drop, None
+        self.drop, self.warning, self.failed = drop, warning, None
 
     def write(self, data):
         if self.failed is not None and self.drop:
@@ -126,66 +127,76 @@ class _GuardedOutput(io.FileIO):
             self.failed = exc
             if not self.drop:
                 raise
-            _say(dropped_warning('standard output', exc))
+            if self.warning:
+                _say(self.warning(exc))
             return len(data)
 
 
 _guard = {}
 
 
-def guard_stdout(drop):
-    """Put standard output on a guarded, line-buffered descriptor for the rest of a
-    command.
-
-    ``drop``: a write that fails for a reason other than a closed pipe (a full
-    disk) drops it and every later line, after one warning, and the command
-    goes on (training); otherwise the error is raised, and
-    :func:`failed_write` tells it from other errors. Nothing happens when
-    standard output is not a file (a test's capture). :func:`unguard` puts
-    the original back.
-    """
-    old = sys.stdout
-    try:
-        fd = old.fileno()
-        old.flush()
-    except (AttributeError, OSError, ValueError):
-        return
-    raw = _GuardedOutput(fd, drop)
-    # unbuffered under -u / PYTHONUNBUFFERED, as Python made it; else line-buffered,
-    # not block-buffered as Python makes a file or a pipe: a run's lines must reach
-    # `> log` (and `tail -f`) as they are written, not in 8 KB blocks or at its end
+def _guarded(old, raw):
+    """A text stream like ``old`` (Python's) on ``raw``: unbuffered under -u /
+    PYTHONUNBUFFERED, as Python made it; else line-buffered, not block-buffered
+    as Python makes a file or a pipe: a run's lines must reach ``> log`` (and
+    ``tail -f``) as they are written, not in 8 KB blocks or at its end."""
     unbuffered = isinstance(getattr(old, 'buffer', None), io.RawIOBase)
     layer = raw if unbuffered else io.BufferedWriter(raw)
-    sys.stdout = io.TextIOWrapper(layer, encoding=old.encoding, errors=old.errors,
-                                  line_buffering=True,
-                                  write_through=unbuffered or old.write_through)
-    _guard.update(raw=raw, old=old)
+    return io.TextIOWrapper(layer, encoding=old.encoding, errors=old.errors,
+                            line_buffering=True, write_through=unbuffered or old.write_through)
+
+
+def guard_output(drop):
+    """Put standard output and error on guarded, line-buffered descriptors for the
+    rest of a command.
+
+    Standard output, ``drop``: a write that fails for a reason other than a
+    closed pipe (a full disk) drops it and every later line, after one
+    warning, and the command goes on (training); otherwise the error is
+    raised, and :func:`failed_write` tells it from other errors. Standard
+    error: such a write is always dropped, silently (there is nowhere left to
+    say it), so that a warning cannot end a command. A closed pipe raises
+    either way (:func:`is_closed`). A stream that is not a file (a test's
+    capture) is left as it is. :func:`unguard` puts the originals back.
+    """
+    for name, stream_drop, warning in (
+            ('stdout', drop, lambda exc: dropped_warning('standard output', exc)),
+            ('stderr', True, None)):
+        old = getattr(sys, name)
+        try:
+            fd = old.fileno()
+            old.flush()
+        except (AttributeError, OSError, ValueError):
+            continue
+        raw = _GuardedOutput(fd, stream_drop, warning)
+        setattr(sys, name, _guarded(old, raw))
+        _guard[name] = (old, raw)
 
 
 def failed_write(exc):
     """True when ``exc`` is the error of a write to the guarded standard output."""
-    raw = _guard.get('raw')
-    return raw is not None and exc is raw.failed
+    return 'stdout' in _guard and exc is _guard['stdout'][1].failed
 
 
 def unguard():
-    """Put back the standard output :func:`guard_stdout` replaced (its lines flushed,
-    or dropped when they cannot be written)."""
-    if not _guard:
-        return
-    flush_or_drop()
-    sys.stdout = _guard.pop('old')
-    _guard.clear()
+    """Put back the streams :func:`guard_output` replaced (their lines flushed, or
+    dropped when they cannot be written)."""
+    for name in ('stdout', 'stderr'):
+        if name in _guard:
+            flush_or_drop(getattr(sys, name))
+            setattr(sys, name, _guard.pop(name)[0])
 
 
-def flush_or_drop():
-    """Flush standard output; what cannot be written (closed, full) is dropped."""
+def flush_or_drop(stream=None):
+    """Flush ``stream`` (standard output); what cannot be written (closed, full) is
+    dropped."""
+    stream = sys.stdout if stream is None else stream
     try:
-        sys.stdout.flush()
+        stream.flush()
     except OSError:
-        to_devnull(sys.stdout)
+        to_devnull(stream)
         try:
-            sys.stdout.flush()
+            stream.flush()
         except OSError:
             pass
 
@@ -199,7 +210,7 @@ def run_command(fn, name, trains, prints_only=False):
     command's status, 141 when its output was closed, 3 when a command that
     does not train could not write its output.
     """
-    guard_stdout(drop=trains)
+    guard_output(drop=trains)
     try:
         status = fn()
         sys.stdout.flush()     # here, not at exit: buffered lines fail here

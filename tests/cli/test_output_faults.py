@@ -153,6 +153,22 @@ def test_run_command_on_a_full_output(monkeypatch, tmp_path, trains):
     assert said == (DROPPED + '\n' if trains else 'cmd: error: %s\n' % FULL), said
 
 
+def test_run_command_with_standard_error_on_a_full_disk(monkeypatch, tmp_path):
+    """Warnings that cannot be written are dropped: the command's status stands."""
+    with open('/dev/full', 'w') as full, open(tmp_path / 'out', 'w') as out:
+        monkeypatch.setattr(sys, 'stdout', out)
+        monkeypatch.setattr(sys, 'stderr', full)
+
+        def command():
+            for i in range(3000):
+                sys.stderr.write('warning %d\n' % i)
+            print('result')
+            return 5
+        assert output_faults.run_command(command, 'cmd', trains=False) == 5
+        assert sys.stderr is full and sys.stdout is out
+    assert (tmp_path / 'out').read_text() == 'result\n'
+
+
 def test_a_commands_lines_reach_a_file_as_they_are_written(tmp_path):
     """Python block-buffers a file or a pipe: a run's lines reached ``> log`` (and
     ``tail -f``) in 8 KB blocks or at its end (measured: `train --workers 1 > log`
@@ -264,6 +280,22 @@ def test_training_in_one_process_on_a_full_disk_goes_on(tmp_path, buffering):
     assert err.count(DROPPED) == 1, err[-3000:]
     assert 'Traceback' not in err and 'Exception ignored' not in err, err[-3000:]
     assert json.loads((out / 'summary.json').read_text())['iterations'] == 300
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_training_with_standard_error_on_a_full_disk_goes_on(tmp_path, workers):
+    """``train ... 2> log`` on a full disk: its warnings are lost, silently (nowhere
+    is left to say so), and it trains to its end. Before, the first warning (here:
+    the batch below --ref-batch) ended it before anything ran, status 120."""
+    out = tmp_path / 'run'
+    argv = CLI + ['train', '--workers', str(workers), '--model', 'mlp', '--batch-per-worker',
+                  '8', '--epochs', '2', '--warmup-epochs', '1', '--out', str(out)]
+    with open('/dev/full', 'w') as full:
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=full, text=True, timeout=300,
+                           env=python_env('buffered'))
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.stdout.splitlines()[-1].startswith('summary: %d workers' % workers), r.stdout
+    assert len(json.loads((out / 'summary.json').read_text())['history']) == 2
 
 
 def test_tmxlauncher_dry_run_finds_the_model_in_the_working_directory():
