@@ -31,6 +31,7 @@ PRINT_ONLY = ('info', 'simulate', 'hostfile')
 #: disk) is dropped after one warning and they go on (the others end with 3).
 TRAINS = ('train', 'trials', 'convert')
 
+
 def build_parser():
     """The top-level parser with every sub-command registered."""
     parser = argparse.ArgumentParser(
@@ -74,6 +75,7 @@ def main(argv=None):
         lambda: int(args.func(args) or 0), 'theanompi-ext ' + args.command,
         trains=args.command in TRAINS and not getattr(args, 'dry_run', False),
         prints_only=args.command in PRINT_ONLY)
+
 
 if __name__ == '__main__':
     sys.exit(main())

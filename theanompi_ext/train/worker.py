@@ -184,8 +184,9 @@ def guarded(fn):
         who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
         if output_faults.is_closed(exc):
             # as SIGPIPE ends other tools (`train --workers 1 | head`): 141
-            status = output_faults.end('theanompi-ext: %sstopped %s (exit status %d)'
-                                       % (who, output_faults.CLOSED_WHY, output_faults.CLOSED_STATUS))
+            status = output_faults.end(
+                'theanompi-ext: %sstopped %s (exit status %d)'
+                % (who, output_faults.CLOSED_WHY, output_faults.CLOSED_STATUS))
             faults.note_rank('failed %d' % status)
             if comm.size > 1:
                 comm.abort(status)
