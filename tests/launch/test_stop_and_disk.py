@@ -132,7 +132,7 @@ def test_closed_output_stops_every_rank(tmp_path):
     copying mpiexec's output died of the broken pipe, the ranks' next lines filled
     the unread pipe and the job blocked on them (measured: a 60-epoch run was still
     there 400 s later)."""
-    from theanompi_ext.launch.postmortem import CLOSED_OUTPUT
+    from theanompi_ext.output_faults import CLOSED_WHY
     out = tmp_path / 'run'
     verbose = [a for a in LONG if a != '--quiet'] + ['--progress-every', '1']
     job = Job(['bash', '-c', 'set -o pipefail; "$@" | head -1', 'head'] + CLI + verbose +
@@ -146,7 +146,7 @@ def test_closed_output_stops_every_rank(tmp_path):
     assert took is not None, job.err()[-3000:]
     assert job.err().rstrip().endswith(
         'theanompi-ext: stopped %s: every rank of the job ended (exit status 141)'
-        % CLOSED_OUTPUT), job.err()[-3000:]
+        % CLOSED_WHY), job.err()[-3000:]
     assert 'Traceback' not in job.err(), job.err()[-3000:]
     assert not temporaries(out)
     if (out / checkpoint.FILENAME).exists():

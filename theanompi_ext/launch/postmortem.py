@@ -272,11 +272,6 @@ def _interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
-#: Why the launcher stopped a job whose output's reader had gone (status 141, as
-#: for SIGPIPE, which Python ignores: a write fails with EPIPE instead).
-CLOSED_OUTPUT = output_faults.CLOSED_WHY
-
-
 def _join_unless_closed(thread, closed):
     """Wait for a stream ``thread`` (:func:`join_awake`); once ``closed`` (an Event
     its copy set: our own output's reader has gone) is set, stop the job as the
@@ -451,14 +446,14 @@ def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
             else:
                 dest.write(line.decode('utf-8', 'replace'))
             dest.flush()
-        except BrokenPipeError:
-            output_faults.to_devnull(dest)
-            if closed is not None:
-                closed.set()
         except OSError as exc:
-            lost = True
-            _say_dropped(dest, exc)
-            output_faults.to_devnull(dest)   # what dest still buffers must not fail at exit
+            # what dest still buffers, and any later line, goes nowhere without an error
+            output_faults.to_devnull(dest)
+            if not isinstance(exc, BrokenPipeError):
+                lost = True
+                _say_dropped(dest, exc)
+            elif closed is not None:
+                closed.set()
 
 
 def _say_dropped(dest, exc):
@@ -605,7 +600,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         for thread in (out_thread, err_thread):
             if thread is not None:
                 thread.join(max(0.0, joined_by - time.monotonic()))
-        why = (CLOSED_OUTPUT if signum == signal.SIGPIPE else 'by ' +
+        why = (output_faults.CLOSED_WHY if signum == signal.SIGPIPE else 'by ' +
                signal.Signals(signum).name)
         return last_words(EXIT_SIGNAL_BASE + signum,
                           'theanompi-ext: stopped %s: every rank of the job ended '

@@ -182,18 +182,14 @@ def guarded(fn):
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
         from .. import output_faults
         who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
-        if output_faults.is_closed(exc):
-            # as SIGPIPE ends other tools (`train --workers 1 | head`): 141
-            status = output_faults.end(
-                'theanompi-ext: %sstopped %s (exit status %d)'
-                % (who, output_faults.CLOSED_WHY, output_faults.CLOSED_STATUS))
-            faults.note_rank('failed %d' % status)
-            if comm.size > 1:
-                comm.abort(status)
-            return status
-        status = exit_status(exc)
+        closed = output_faults.is_closed(exc)
+        status = output_faults.CLOSED_STATUS if closed else exit_status(exc)
         faults.note_rank('failed %d' % status)
-        if isinstance(exc, KeyboardInterrupt):
+        if closed:
+            # as SIGPIPE ends other tools (`train --workers 1 | head`): 141
+            output_faults.end('theanompi-ext: %sstopped %s (exit status %d)'
+                              % (who, output_faults.CLOSED_WHY, status))
+        elif isinstance(exc, KeyboardInterrupt):
             # Ctrl-C of `train --workers 1` (or of the user's own mpiexec): a stop, not a
             # failure, and said as the launcher says it
             sys.stderr.write('theanompi-ext: %sstopped by SIGINT (exit status %d)\n'
