@@ -15,11 +15,18 @@ Two faults, two answers:
   error (:func:`guard_output`, :func:`failed_write`). Standard error that
   cannot be written loses its lines, silently: a warning never ends a command.
 
-:func:`run_command` runs a console command under both rules.
+A standard stream the command was started without (``>&-``, ``2>&-``, ``<&-``)
+gets ``/dev/null`` under its descriptor first (:func:`reopen_missing`), so that
+no file the command opens later takes descriptor 1 or 2 (and the ranks' lines
+with it); standard output missing so is unwritable ("Bad file descriptor", as
+``ls >&-`` says), standard error silent, standard input empty.
+
+:func:`run_command` runs a console command under these rules.
 
 The launcher of several ranks, whose copies of the ranks' output meet these
 faults in threads, answers the same way (``launch/postmortem.py``).
 """
+import errno
 import io
 import os
 import select
@@ -34,6 +41,42 @@ CLOSED_STATUS = EXIT_SIGNAL_BASE + signal.SIGPIPE
 #: Why, completing "stopped ...".
 CLOSED_WHY = ('because its output was closed (a broken pipe: its reader, such as `| head`, '
               'ended)')
+
+
+#: The standard streams (their ``sys`` names) the command started without.
+_missing = set()
+
+
+def reopen_missing():
+    """Open ``/dev/null`` on each of descriptors 0, 1, 2 that is not open, and give
+    Python's ``sys`` stream (``None`` then) a file on it; call first thing.
+
+    Without this, the first file the command opens takes the lowest free
+    descriptor: a checkpoint opened as descriptor 1 receives the lines printed
+    after it, and a child (mpiexec, its ranks) writes its output into it.
+    Standard output reopened so refuses every write (:func:`guard_output`);
+    standard error and input are simply empty.
+    """
+    for fd, name, flags in ((0, 'stdin', os.O_RDONLY), (1, 'stdout', os.O_WRONLY),
+                            (2, 'stderr', os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, flags)   # the lowest free descriptor: fd itself
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)        # os.open's is not: children (mpiexec) need it
+        _missing.add(name)
+        if getattr(sys, name) is None:      # Python found it closed at start-up
+            setattr(sys, name, open(fd, 'r' if fd == 0 else 'w', closefd=False))
+
+
+def _missing_error(name):
+    return OSError(errno.EBADF, '%s was closed when the command started' % {
+        'stdout': 'standard output', 'stderr': 'standard error'}[name])
 
 
 def _stream_closed(stream):
@@ -112,23 +155,32 @@ class _GuardedOutput(io.FileIO):
     other than a closed pipe (:attr:`failed`); with ``drop``, absorbing it and
     every later write instead (after ``warning(exc)``, when given, is said)."""
 
-    def __init__(self, fd, drop, warning=None):
+    def __init__(self, fd, drop, warning=None, refused=None):
         super().__init__(fd, 'wb', closefd=False)
         self.drop, self.warning, self.failed = drop, warning, None
+        self.refused = refused      # every write fails with it (a descriptor missing at start)
+        if refused is not None and drop:
+            # said now: a job's lines may never pass through here (a child copies them)
+            self._fail(refused)
+
+    def _fail(self, exc):
+        self.failed = exc
+        if self.drop and self.warning:
+            _say(self.warning(exc))
 
     def write(self, data):
         if self.failed is not None and self.drop:
             return len(data)
         try:
+            if self.refused is not None:
+                raise self.refused
             return super().write(data)
         except BrokenPipeError:
             raise                   # closed: the command ends (141), not dropped
         except OSError as exc:
-            self.failed = exc
+            self._fail(exc)
             if not self.drop:
                 raise
-            if self.warning:
-                _say(self.warning(exc))
             return len(data)
 
 
@@ -157,7 +209,9 @@ def guard_output(drop):
     error: such a write is always dropped, silently (there is nowhere left to
     say it), so that a warning cannot end a command. A closed pipe raises
     either way (:func:`is_closed`). A stream that is not a file (a test's
-    capture) is left as it is. :func:`unguard` puts the originals back.
+    capture) is left as it is. A stream missing at start
+    (:func:`reopen_missing`) fails every write with "Bad file descriptor",
+    under the same rules. :func:`unguard` puts the originals back.
     """
     for name, stream_drop, warning in (
             ('stdout', drop, lambda exc: dropped_warning('standard output', exc)),
@@ -168,7 +222,8 @@ def guard_output(drop):
             old.flush()
         except (AttributeError, OSError, ValueError):
             continue
-        raw = _GuardedOutput(fd, stream_drop, warning)
+        raw = _GuardedOutput(fd, stream_drop, warning,
+                             _missing_error(name) if name in _missing else None)
         setattr(sys, name, _guarded(old, raw))
         _guard[name] = (old, raw)
 
@@ -210,6 +265,7 @@ def run_command(fn, name, trains, prints_only=False):
     command's status, 141 when its output was closed, 3 when a command that
     does not train could not write its output.
     """
+    reopen_missing()
     guard_output(drop=trains)
     try:
         status = fn()

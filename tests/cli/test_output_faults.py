@@ -319,3 +319,79 @@ def test_tmxlauncher_dry_run_finds_the_model_in_the_working_directory():
     blocks = sum(block(cin, c) + 2 * block(c, c) for cin, c in ((16, 16), (16, 32), (32, 64)))
     assert sum(int(ln.split('scalars')[0].split(',')[-1]) for ln in chunks) == \
         9 * 3 * 16 + 2 * 16 + blocks + 64 * 10 + 10
+
+
+# --------------------------------------------------------------------------- started without it
+
+MISSING = ('could not write its output to standard output ([Errno 9] standard output was '
+           'closed when the command started)')
+CLOSE = {'stdout': '>&-', 'stderr': '2>&-', 'all three': '<&- >&- 2>&-'}
+
+
+def run_without(streams, argv, cwd=SESSION_DIR, timeout=300):
+    """Run ``argv`` started without the standard ``streams`` (a key of CLOSE:
+    the shell's ``>&-``, ``2>&-``); a stream not closed is captured. The
+    CompletedProcess."""
+    return subprocess.run(['bash', '-c', 'exec "$@" ' + CLOSE[streams], 'run'] + argv,
+                          capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env=python_env('buffered'))
+
+
+@pytest.mark.parametrize('name', sorted(COMMANDS))
+def test_command_started_without_standard_output_ends_with_3(name):
+    """``cmd >&-``: standard output unwritable, as on a full disk, with the
+    errno that ``ls >&-`` reports. Before: an AttributeError traceback (1), since
+    Python leaves ``sys.stdout`` None."""
+    argv, _, prog = COMMANDS[name]
+    r = run_without('stdout', argv)
+    assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.rstrip().splitlines()[-1] == '%s: error: %s' % (prog, MISSING), \
+        r.stderr[-3000:]
+    assert 'Traceback' not in r.stderr, r.stderr[-3000:]
+
+
+def test_command_started_without_standard_error_prints_and_fails_as_usual():
+    """``cmd 2>&-``: its output as ever; bad input still ends with 2 (before: 1,
+    from an AttributeError that could not even be shown)."""
+    r = run_without('stderr', CLI + ['info'])
+    assert r.returncode == 0 and 'topology' in r.stdout, r.returncode
+    assert run_without('stderr', CLI + ['train', '--workers', '0']).returncode == 2
+    assert run_without('stderr', CLI + ['no-such-command']).returncode == 2
+    assert run_without('stderr', [os.path.join(BIN, 'tmxlauncher'), '-cfg=nowhere']) \
+        .returncode == 2
+
+
+@pytest.mark.parametrize('job', ['train 1 rank', 'train 2 ranks', 'Theano-MPI session'])
+@pytest.mark.parametrize('streams', sorted(CLOSE))
+def test_training_started_without_standard_streams_goes_on(tmp_path, job, streams):
+    """``train ... >&-``, ``2>&-``, or all three closed (a daemon's start), and a
+    Theano-MPI session so: /dev/null goes under each missing descriptor before
+    anything is opened, so that no file of the run (a checkpoint) takes
+    descriptor 1 or 2 and the lines printed after it, and the children
+    (mpiexec, the ranks) inherit it; a missing standard output gets the one
+    warning of a full disk, the run ends with 0, its files whole. Before: a
+    traceback (1) before anything ran; the session's job, a traceback of its
+    copying thread."""
+    from support.every_path import session_argv
+    from theanompi_ext.files import sealed
+    out = tmp_path / 'run'
+    if job == 'Theano-MPI session':
+        argv, ranks = [sys.executable, '-m'] + session_argv(tmp_path, 'cpu0,cpu1'), 2
+    else:
+        ranks = int(job.split()[1])
+        argv = CLI + ['train', '--workers', str(ranks), '--model', 'mlp', '--batch-per-worker',
+                      '8', '--epochs', '3', '--warmup-epochs', '1', '--checkpoint-every', '5',
+                      '--out', str(out)]
+    r = run_without(streams, argv, cwd=None)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert 'Traceback' not in r.stderr, r.stderr[-3000:]
+    if streams == 'stdout':
+        assert r.stderr.count(DROPPED.replace('[Errno 28] No space left on device',
+                                              MISSING.split('(', 1)[1][:-1])) == 1, r.stderr
+    if streams == 'stderr':
+        assert r.stdout.splitlines()[-1].startswith(
+            'summary: %d %s' % (ranks, 'ranks' if 'session' in job else 'workers')), r.stdout
+    if 'session' not in job:
+        assert len(json.loads((out / 'summary.json').read_text())['history']) == 3
+        sealed.read_sealed(str(out / 'checkpoint.h5'))    # whole: no line was written into it
+        assert not [n for n in os.listdir(out) if '.tmp' in n]

@@ -61,6 +61,7 @@ def main(argv=None):
     ended first), 3 when a command other than ``train``, ``trials`` or
     ``convert`` could not write it (:mod:`theanompi_ext.output_faults`).
     """
+    output_faults.reopen_missing()     # before anything opens a file or writes
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

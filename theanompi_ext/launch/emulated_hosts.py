@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 
-from .. import stop_signals
+from .. import output_faults, stop_signals
 from .awake import wait_awake
 from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError, hosts_layout,
                                delete_namespace, namespaces, netns_problem, tbf_link)
@@ -410,6 +410,7 @@ def _package_parent():
 
 def main(argv=None):
     """The CLI: run a command with emulated hosts set up around it; returns its status."""
+    output_faults.reopen_missing()     # the command inherits /dev/null, not a closed fd
     p = argparse.ArgumentParser(
         prog='python -m theanompi_ext.launch.emulated_hosts',
         description='Run COMMAND with THEANOMPI_EXT_MPIEXEC set to an mpiexec that places '

@@ -215,6 +215,7 @@ def main(argv=None):
     """Parse, validate, launch and wait; returns the exit status (141 when its
     output was closed, as ``theanompi-ext``'s: :mod:`theanompi_ext.output_faults`)."""
     from .. import output_faults
+    output_faults.reopen_missing()     # before anything opens a file or writes
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ('-h', '--help', '-help') for a in argv):
         return output_faults.run_command(lambda: sys.stdout.write(USAGE + '\n') and 0,
