@@ -12,6 +12,10 @@ from support.opencl import OPENCL_DEVICE, opencl_unavailable
 from support.paths import ROOT
 from support.procs import run_mpi
 
+# Python's default buffering, a user's: a machine's PYTHONUNBUFFERED (this one
+# sets it) would hide what only a block-buffered process loses or delays.
+# Tests of both modes set it themselves.
+os.environ.pop('PYTHONUNBUFFERED', None)
 os.environ.setdefault('THEANOMPI_EXT_CACHE', os.path.join(ROOT, '.cache', 'theano'))
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
