@@ -11,7 +11,8 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
     launch), a data file (missing, corrupt, wrong shapes/dtypes/labels), a
     checkpoint that does not fit, ranks given different models, data or options;
     also an output folder in use or holding another run, an output path that
-    cannot be written, a corrupt checkpoint or one resumed with other options
+    cannot be written, a corrupt checkpoint or one resumed with other options,
+    a compile cache that cannot be used (``$THEANOMPI_EXT_CACHE``)
 3   :data:`EXIT_FAILED`: training failed: an exception on a rank (the message
     names it), a non-finite loss, replicas that diverged, a rank that ended
     without finishing while the launcher reported success; also a file that

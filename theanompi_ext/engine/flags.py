@@ -15,6 +15,10 @@ does not put the launching side, or a CPU run, on a GPU.
 import configparser
 import contextlib
 import os
+import sys
+import tempfile
+
+from ..errors import BadInput
 
 DEFAULT_FLAGS = {
     'floatX': 'float32',
@@ -23,12 +27,67 @@ DEFAULT_FLAGS = {
 }
 
 
+#: The variable that names the compile cache's folder.
+CACHE_VAR = 'THEANOMPI_EXT_CACHE'
+
+
+class CacheUnusable(BadInput):
+    """The compile cache's folder cannot be created or written (exit status 2)."""
+
+
+def _unusable(path):
+    """Why ``path`` cannot hold the compile cache (an OSError), or None: created if
+    missing, 64 KiB written in it (a full disk fails here, not in a compile),
+    and this user's (a folder of another user's in a shared temporary directory
+    is not used)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix='.probe-', dir=path)
+        try:
+            left = 65536
+            while left:           # a write short of space returns short; the next fails
+                left -= os.write(fd, bytes(left))
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        if os.stat(path).st_uid != os.getuid():
+            return OSError('owned by another user')
+    except OSError as exc:
+        return exc
+    return None
+
+
 def cache_dir():
-    """Return the compile-cache directory, creating it."""
-    path = os.environ.get('THEANOMPI_EXT_CACHE') or os.path.join(
-        os.path.expanduser('~'), '.cache', 'theanompi_ext')
-    os.makedirs(path, exist_ok=True)
-    return path
+    """The compile cache's folder, created and writable.
+
+    ``$THEANOMPI_EXT_CACHE`` when set (:class:`CacheUnusable` when it cannot
+    be used: the user chose it); else ``~/.cache/theanompi_ext``; else, when
+    that cannot be written (a read-only or full home, as on some clusters'
+    compute nodes), a folder of this user's in the temporary directory, with
+    one warning. That choice is put in ``$THEANOMPI_EXT_CACHE``, so the ranks
+    started from here use it without warning again.
+    """
+    path = os.environ.get(CACHE_VAR)
+    if path:
+        why = _unusable(path)
+        if why is not None:
+            raise CacheUnusable('the compile cache %s=%s cannot be used (%s): point %s at a '
+                                'folder this user can write' % (CACHE_VAR, path, why, CACHE_VAR))
+        return path
+    home = os.path.join(os.path.expanduser('~'), '.cache', 'theanompi_ext')
+    why = _unusable(home)
+    if why is None:
+        return home
+    fallback = os.path.join(tempfile.gettempdir(), 'theanompi_ext-cache-%d' % os.getuid())
+    also = _unusable(fallback)
+    if also is not None:
+        raise CacheUnusable('the compile cache cannot be made: %s (%s) nor %s (%s): set %s to '
+                            'a folder this user can write' % (home, why, fallback, also, CACHE_VAR))
+    sys.stderr.write('theanompi-ext: warning: the compile cache %s cannot be used (%s): '
+                     'compiling into %s instead (set %s to choose)\n'
+                     % (home, why, fallback, CACHE_VAR))
+    os.environ[CACHE_VAR] = fallback
+    return fallback
 
 
 def theanorc_keys(environ=None):

@@ -175,7 +175,9 @@ class BSP(object):
         from ..engine.devices import parse_devices
         from ..launch.devices import remote_hosts, host_args, split_hosts
         from ..launch.reach import check_hosts
+        from ..engine.flags import cache_dir
         restart = restart_settings(options)
+        cache_dir()     # unusable: bad input, here; another host's ranks say theirs
         if not devices:
             raise ValueError('no devices given')
         pairs = parse_devices(devices)  # an unknown device string: DeviceError, before launch

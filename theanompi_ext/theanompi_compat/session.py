@@ -226,6 +226,7 @@ def main(argv=None):
 
 def _main(argv):
     from .rule import BSP
+    from ..engine.flags import CacheUnusable
     from ..launch.reach import Unreachable
     try:
         flags = parse_args(argv)
@@ -237,7 +238,7 @@ def _main(argv):
         rule = BSP()
         rule.sync_type, rule.exch_strategy = s['sync_type'], s['exch_strategy']
         rule.init(s['devices'], s['modelfile'], s['modelclass'], **s['options'])
-    except Unreachable as exc:      # not a usage error: the DEVICES' host is down
+    except (Unreachable, CacheUnusable) as exc:  # not usage errors: a host down, a cache
         sys.stderr.write('tmxlauncher: error: %s\n' % exc)
         return EXIT_BAD_INPUT
     except ValueError as exc:

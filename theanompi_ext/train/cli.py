@@ -67,8 +67,14 @@ def before_launch(cfg, workers, hostfile, dry_run, out=None, label=''):
     ``label`` (a trials setting's name) starts each warning."""
     from . import advice
     from .plan import resolve_plan, format_plan
+    from ..engine.flags import cache_dir
     from ..launch.hostlists import read_hostfile, slot_warnings
     slots = read_hostfile(hostfile) if isinstance(hostfile, str) else []
+    if hostfile is not True:
+        # unusable: bad input, before anything starts; another host's ranks, and
+        # each rank under the user's own mpiexec, say theirs (rank 0 alone must not
+        # end here, before MPI starts: the others would wait for it there)
+        cache_dir()
     out = out or sys.stdout
     if dry_run:
         out.write(format_plan(resolve_plan(cfg, workers)) + '\n')
