@@ -194,8 +194,25 @@ def _guarded(old, raw):
     ``tail -f``) as they are written, not in 8 KB blocks or at its end."""
     unbuffered = isinstance(getattr(old, 'buffer', None), io.RawIOBase)
     layer = raw if unbuffered else io.BufferedWriter(raw)
-    return io.TextIOWrapper(layer, encoding=old.encoding, errors=old.errors,
+    return io.TextIOWrapper(layer, encoding=old.encoding, errors=_ANY_CHARACTER,
                             line_buffering=True, write_through=unbuffered or old.write_through)
+
+
+#: How a character the output's encoding lacks is written (a path's ``ü`` to an
+#: ASCII output, a file name's undecodable byte): escaped, as on standard error.
+_ANY_CHARACTER = 'backslashreplace'
+
+
+def any_character():
+    """Let standard output and error write any character (escaped where their
+    encoding lacks it): a line must not end a run, as ``PYTHONIOENCODING=ascii``
+    or a Latin-1 locale and an ``--out`` path with ``ü`` did. For a rank; a
+    console command gets it from :func:`guard_output`."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors=_ANY_CHARACTER)
+        except (AttributeError, ValueError, OSError):     # not a text file (a test's capture)
+            pass
 
 
 def guard_output(drop):

@@ -395,3 +395,29 @@ def test_training_started_without_standard_streams_goes_on(tmp_path, job, stream
         assert len(json.loads((out / 'summary.json').read_text())['history']) == 3
         sealed.read_sealed(str(out / 'checkpoint.h5'))    # whole: no line was written into it
         assert not [n for n in os.listdir(out) if '.tmp' in n]
+
+
+# --------------------------------------------------------------------------- any character
+
+@pytest.mark.parametrize('case', ['ascii output, 1 rank', 'ascii output, 2 ranks',
+                                  'undecodable byte, 2 ranks'])
+def test_a_character_the_output_cannot_encode_does_not_end_a_run(tmp_path, case):
+    """An ``--out`` path with ``ü`` on an ASCII output (``PYTHONIOENCODING=ascii``,
+    as a Latin-1 or ASCII locale gives for other characters), or with a byte that
+    is not UTF-8 (a file name's, ``os.fsdecode``): the plan's line shows it
+    escaped, as standard error does, and the run ends with 0. Before: the plan's
+    print raised UnicodeEncodeError on the rank, a failed job (3)."""
+    ranks = int(case.split(', ')[1][0])
+    name = 'ü run' if case.startswith('ascii') else os.fsdecode(b'run \xff')
+    shown = '\\xfc run' if case.startswith('ascii') else 'run \\udcff'
+    out = os.path.join(str(tmp_path), name)
+    env = python_env('buffered')
+    if case.startswith('ascii'):
+        env['PYTHONIOENCODING'] = 'ascii'
+    r = subprocess.run(CLI + ['train', '--workers', str(ranks), '--model', 'mlp',
+                              '--max-steps', '5', '--out', out],
+                       capture_output=True, timeout=300, env=env)
+    stdout, stderr = (r.stdout.decode('utf-8', 'replace'), r.stderr.decode('utf-8', 'replace'))
+    assert r.returncode == 0, (r.returncode, stderr[-3000:])
+    assert ('outputs       %s/' % os.path.join(str(tmp_path), shown)) in stdout, stdout
+    assert json.loads(open(os.path.join(out, 'summary.json')).read())['iterations'] == 5

@@ -201,8 +201,13 @@ def test_reference_learning_rate_by_hand():
     assert goyal_lr(11, 0.05, 48, 16, 33) == pytest.approx(0.05 + 0.1 / 3)
 
 
-@pytest.mark.parametrize('line,needle', [('COLOUR=blue', "line 6: unknown key 'COLOUR'"),
-                                         ('', None)])
+@pytest.mark.parametrize('line,needle', [
+    ('COLOUR=blue', "line 6: unknown key 'COLOUR'"),
+    ('', None),
+    # an unquoted value with a space: bash too refuses it; the fix is named
+    ('OUT=/tmp/my runs  # x', "line 6: expected KEY=VALUE, got 'OUT=/tmp/my runs  # x'; quote "
+     'a value with spaces, as bash needs: OUT="/tmp/my runs"'),
+    ('RULE BSP', "line 6: expected KEY=VALUE, got 'RULE BSP'\n")])
 def test_tmlauncher_bad_key(tmp_path, line, needle):
     cfg = tmp_path / 's.cfg'
     model = 'digits_contract' if line else 'no_such_models.cifar'

@@ -120,7 +120,9 @@ def read_session_file(path, known):
                 if not words:
                     continue
                 if len(words) != 1 or '=' not in words[0]:
-                    raise ValueError('expected KEY=VALUE, got %r' % text.strip())
+                    raise ValueError('expected KEY=VALUE, got %r%s' % (text.strip(), (
+                        '; quote a value with spaces, as bash needs: %s="%s"'
+                        % (key.strip(), rest.split('#')[0].strip())) if '=' in words[0] else ''))
                 key, _, value = words[0].partition('=')
         except ValueError as exc:
             raise ValueError('%s line %d: %s' % (path, start, exc))

@@ -171,7 +171,9 @@ def guarded(fn):
     :mod:`theanompi_ext.output_faults`).
     """
     from . import faults
+    from .. import output_faults
     from ..errors import EXIT_OK, exit_status
+    output_faults.any_character()
     faults.stop_with_parent()
     comm = faults.prepare_agreement()
     faults.note_rank('running')
@@ -180,7 +182,6 @@ def guarded(fn):
         faults.note_rank('done %d' % EXIT_OK)
         return EXIT_OK
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
-        from .. import output_faults
         who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
         closed = output_faults.is_closed(exc)
         status = output_faults.CLOSED_STATUS if closed else exit_status(exc)
