@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pytest
 
+from theanompi_ext.errors import OutputFolderError
 from theanompi_ext.files import atomic, isolated, sealed, signals
 from theanompi_ext.launch.mpiexec import is_openmpi
 from theanompi_ext.train import checkpoint, outdir
@@ -679,6 +680,19 @@ def test_bad_output_paths_are_refused_before_launch(tmp_path):
         assert msg in r.stderr, r.stderr
     r = cli(*(SHORT + ['--out', tmp_path / 'r', '--resume', '--overwrite']))
     assert r.returncode == 2 and '--resume continues' in r.stderr, r.stderr
+
+
+def test_a_relative_out_in_a_removed_working_directory_says_so(tmp_path, monkeypatch):
+    """The shell's working directory removed under it (another job's clean-up):
+    a relative ``--out`` names that, not a bare "No such file or directory"."""
+    gone = tmp_path / 'gone'
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(OutputFolderError) as err:
+        outdir.prepare(TrainConfig(out='run'))
+    assert str(err.value) == ('--out run: cannot create the folder: the working directory it '
+                              'is relative to was removed; give an absolute path')
 
 
 def test_lock_refuses_a_second_job_and_a_dead_jobs_lock_is_no_obstacle(tmp_path):

@@ -40,12 +40,22 @@ _RUN_FILES = ('checkpoint.h5', 'summary.json')
 MARK_VAR = 'THEANOMPI_EXT_OUT_MARK'
 
 
+def _cwd_removed():
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def _writable_folder(folder, option):
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
-        raise OutputFolderError('%s %s: cannot create the folder: %s'
-                                % (option, folder, exc.strerror or exc))
+        why = exc.strerror or exc
+        if not os.path.isabs(folder) and _cwd_removed():
+            why = 'the working directory it is relative to was removed; give an absolute path'
+        raise OutputFolderError('%s %s: cannot create the folder: %s' % (option, folder, why))
     if not os.path.isdir(folder):
         raise OutputFolderError('%s %s: not a folder' % (option, folder))
     probe = os.path.join(folder, atomic.tmp_path('.write-probe'))
