@@ -6,9 +6,9 @@ import pytest
 
 from theanompi_ext.cli.commands import main
 from theanompi_ext.errors import BadInput
-from theanompi_ext.launch.hostlists import (HostfileError, format_hostfile, from_lsf,
-                                            from_slurm, read_hostfile, slot_warnings,
-                                            slurm_tasks_per_node)
+from theanompi_ext.launch.hostlists import (HostfileError, check_line_ends, format_hostfile,
+                                            from_lsf, from_slurm, read_hostfile,
+                                            slot_warnings, slurm_tasks_per_node)
 
 
 def test_slurm_tasks_per_node():
@@ -67,6 +67,10 @@ def test_read_either_format_with_mpis_own_words(tmp_path):
     ('a =3\n', "'=3' is not KEY=VALUE"),
     (':2\n', "line 1: ':2': no host name"),
     (b'\xff\xfe:2\n', 'cannot read it'),
+    # a Windows editor's byte-order mark: mpiexec would take it for part of a host name
+    (b'\xef\xbb\xbfa:2\n', 'line 1: starts with a byte-order mark (U+FEFF, as some Windows '
+                            'editors save a file), which mpiexec takes for part of the first '
+                            'host name: save the file without it'),
 ])
 def test_a_bad_hostfile_is_named_with_its_line(tmp_path, text, why):
     f = tmp_path / 'hosts'
@@ -78,6 +82,23 @@ def test_a_bad_hostfile_is_named_with_its_line(tmp_path, text, why):
         read_hostfile(str(f))
     assert str(exc.value).startswith('--hostfile %s' % f) and why in str(exc.value), exc.value
     assert isinstance(exc.value, BadInput)          # status 2 on every path
+
+
+def test_windows_line_ends_read_here_and_refused_for_open_mpi_only(tmp_path):
+    """CR LF: hydra reads it (and so do we); Open MPI's mpiexec fails to parse it
+    (status 250, "parse error ... on token 1"), so a launch with Open MPI is
+    refused first, naming the line and the fix."""
+    f = tmp_path / 'hosts'
+    f.write_bytes(b'a:2\nb slots=1\r\nc\r\n')
+    assert read_hostfile(str(f)) == [('a', 2), ('b', 1), ('c', 1)]
+    with pytest.raises(HostfileError) as exc:
+        check_line_ends(str(f))
+    assert str(exc.value) == (
+        "--hostfile %s, line 2: ends in a carriage return (Windows line ends), which Open "
+        "MPI's mpiexec cannot parse: convert the file (dos2unix %s, or sed -i 's/\\r$//' %s)"
+        % (f, f, f))
+    f.write_bytes(b'a:2\nb slots=1\n')
+    check_line_ends(str(f))                       # Unix line ends: nothing to say
 
 
 def test_slot_warnings():

@@ -71,3 +71,24 @@ def test_four_ranks_on_two_cores_start_quietly_with_their_environment():
     assert proc.returncode == 0 and err == b'', err.decode()
     rows = json.loads(out.decode())
     assert rows == [[r, r, r, [r, 4], 'here'] for r in range(4)], rows
+
+
+def test_a_hostfile_with_windows_line_ends_under_this_mpi(tmp_path):
+    """``train --hostfile`` of a file saved with CR LF: MPICH's mpiexec reads it
+    (the run trains); Open MPI's cannot ("parse error", status 250), so the
+    launcher refuses it first: 2 and the line naming the fix."""
+    hosts = tmp_path / 'hosts'
+    ompi = launch.is_openmpi(mpiexec())
+    hosts.write_bytes(b'localhost slots=2\r\n' if ompi else b'localhost:2\r\n')
+    r = subprocess.run([sys.executable, '-m', 'theanompi_ext', 'train', '--workers', '2',
+                        '--hostfile', str(hosts), '--model', 'mlp', '--max-steps', '3'],
+                       capture_output=True, text=True, timeout=300)
+    if ompi:
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert r.stderr.rstrip().splitlines()[-1] == (
+            "theanompi-ext train: error: --hostfile %s, line 1: ends in a carriage return "
+            "(Windows line ends), which Open MPI's mpiexec cannot parse: convert the file "
+            "(dos2unix %s, or sed -i 's/\\r$//' %s)" % (hosts, hosts, hosts)), r.stderr
+    else:
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout.splitlines()[-1].startswith('summary: 2 workers'), r.stdout

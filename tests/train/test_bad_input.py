@@ -117,6 +117,20 @@ def test_config_file_key_given_twice_names_both_lines(tmp_path):
     assert read_kv_file(str(p)) == {'epochs': '2', 'batch_per_worker': '8'}
 
 
+def test_config_files_saved_by_a_windows_editor_read_as_any_other(tmp_path):
+    """A byte-order mark and CR LF line ends (Notepad's way): the keys as written,
+    in ``train --config`` and in a Theano-MPI session file. Before: "unknown key
+    '\\ufeffEPOCHS'"."""
+    from theanompi_ext.theanompi_compat.session import read_session_file
+    from theanompi_ext.train.options import read_kv_file
+    p = tmp_path / 'win.cfg'
+    p.write_bytes(b'\xef\xbb\xbfepochs = 2\r\nbatch_per_worker = 8\r\n')
+    assert read_kv_file(str(p)) == {'epochs': '2', 'batch_per_worker': '8'}
+    p.write_bytes(b'\xef\xbb\xbfRULE=BSP\r\nDEVICES=(cpu0\r\n cpu1)\r\n')
+    assert read_session_file(str(p), {'rule', 'devices'}) == {'rule': 'BSP',
+                                                              'devices': ['cpu0', 'cpu1']}
+
+
 @pytest.mark.parametrize('target,why', [('missing', 'no such file'),
                                         ('plain', 'not executable')])
 def test_mpiexec_variable_naming_no_program_is_bad_input(tmp_path, target, why):

@@ -94,6 +94,28 @@ class HostfileError(BadInput):
     neither ``host:N`` (MPICH) nor ``host slots=N`` (Open MPI): status 2."""
 
 
+def _hostfile_text(path):
+    try:
+        with open(path, newline='') as fh:      # '\r' kept: check_line_ends
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostfileError('--hostfile %s: cannot read it (%s)'
+                            % (path, getattr(exc, 'strerror', None) or exc))
+
+
+def check_line_ends(path):
+    """:class:`HostfileError` for a hostfile with Windows line ends (CR LF), which
+    Open MPI's mpiexec cannot parse ("parse error ... on token 1", status 250);
+    hydra reads them."""
+    text = _hostfile_text(path)
+    if '\r' in text:
+        line = text[:text.index('\r')].count('\n') + 1
+        raise HostfileError(
+            "--hostfile %s, line %d: ends in a carriage return (Windows line ends), which "
+            "Open MPI's mpiexec cannot parse: convert the file (dos2unix %s, or sed -i "
+            "'s/\\r$//' %s)" % (path, line, path, path))
+
+
 def read_hostfile(path):
     """``[(host, slots)]`` of an MPICH (``host:n``) or Open MPI (``host slots=n``)
     hostfile, each host once in order of first mention with its slots summed (1
@@ -101,12 +123,12 @@ def read_hostfile(path):
     words (hydra's, Open MPI's) are left to MPI. :class:`HostfileError` naming the
     file and line for a file that cannot be read, names no host, has a slot count
     that is not a whole number >= 1, or a word that is not ``KEY=VALUE``."""
-    try:
-        with open(path) as fh:
-            lines = fh.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HostfileError('--hostfile %s: cannot read it (%s)'
-                            % (path, getattr(exc, 'strerror', None) or exc))
+    text = _hostfile_text(path)
+    if text.startswith('\ufeff'):
+        raise HostfileError('--hostfile %s, line 1: starts with a byte-order mark (U+FEFF, '
+                            'as some Windows editors save a file), which mpiexec takes for '
+                            'part of the first host name: save the file without it' % path)
+    lines = text.splitlines()
     slots = {}
     for number, line in enumerate(lines, 1):
         words = line.split('#', 1)[0].split()

@@ -120,9 +120,15 @@ def check_hosts(hosts, agent=None, environ=None):
 def check_hostfile(hostfile, agent=None, environ=None):
     """:func:`check_hosts` of the hosts of ``hostfile`` (nothing without one), after
     reading it (``hostlists.HostfileError``, a :class:`BadInput`, for a file that
-    is not there or not a hostfile: before MPI says it its own way)."""
+    is not there or not a hostfile, or has line ends the mpiexec cannot parse:
+    before MPI says it its own way)."""
     if hostfile:
-        check_hosts(hostfile_hosts(hostfile), agent, environ)
+        hosts = hostfile_hosts(hostfile)
+        from .hostlists import check_line_ends
+        from .mpiexec import find_mpiexec, is_openmpi
+        if is_openmpi(find_mpiexec()):
+            check_line_ends(hostfile)
+        check_hosts(hosts, agent, environ)
 
 
 class LaunchWatch(object):

@@ -292,10 +292,11 @@ def _one_of(name, choices):
 
 
 def read_config_lines(path):
-    """The lines of the key=value file ``path``; ValueError if it cannot be read as text."""
+    """The lines of the key=value file ``path``; ValueError if it cannot be read as
+    text. A byte-order mark (some Windows editors save one) is not the first key's."""
     try:
         with open(path) as fh:
-            return fh.read().splitlines()
+            return fh.read().lstrip('\ufeff').splitlines()
     except OSError as exc:
         raise ValueError('cannot read config file %s: %s' % (path, exc.strerror or exc))
     except UnicodeDecodeError:
