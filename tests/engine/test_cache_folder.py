@@ -32,12 +32,15 @@ def isolated(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_the_chosen_folder_is_made_and_used(isolated, capsys):
+def test_the_chosen_folder_is_made_and_used(isolated, capsys, monkeypatch):
     chosen = isolated / 'a' / 'b'
     os.environ[VAR] = str(chosen)
     assert flags.cache_dir() == str(chosen) and chosen.is_dir()
     assert os.listdir(chosen) == []               # the probe leaves nothing behind
     assert capsys.readouterr().err == ''
+    # a chosen folder may be another user's (a group's shared cache) if writable
+    monkeypatch.setattr(os, 'getuid', lambda: 424242)
+    assert flags.cache_dir() == str(chosen)
 
 
 @pytest.mark.parametrize('where', ['under a file', 'a file'])

@@ -35,11 +35,11 @@ class CacheUnusable(BadInput):
     """The compile cache's folder cannot be created or written (exit status 2)."""
 
 
-def _unusable(path):
+def _unusable(path, own=False):
     """Why ``path`` cannot hold the compile cache (an OSError), or None: created if
     missing, 64 KiB written in it (a full disk fails here, not in a compile),
-    and this user's (a folder of another user's in a shared temporary directory
-    is not used)."""
+    and with ``own`` this user's (a folder of another user's in a shared
+    temporary directory is not used; a chosen folder may be a group's)."""
     try:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix='.probe-', dir=path)
@@ -50,7 +50,7 @@ def _unusable(path):
         finally:
             os.close(fd)
             os.unlink(probe)
-        if os.stat(path).st_uid != os.getuid():
+        if own and os.stat(path).st_uid != os.getuid():
             return OSError('owned by another user')
     except OSError as exc:
         return exc
@@ -79,7 +79,7 @@ def cache_dir():
     if why is None:
         return home
     fallback = os.path.join(tempfile.gettempdir(), 'theanompi_ext-cache-%d' % os.getuid())
-    also = _unusable(fallback)
+    also = _unusable(fallback, own=True)
     if also is not None:
         raise CacheUnusable('the compile cache cannot be made: %s (%s) nor %s (%s): set %s to '
                             'a folder this user can write' % (home, why, fallback, also, CACHE_VAR))
