@@ -35,11 +35,18 @@ class CacheUnusable(BadInput):
     """The compile cache's folder cannot be created or written (exit status 2)."""
 
 
+#: Folders found usable in this process: each is probed once, not at every
+#: ``cache_dir()`` (the launcher's check, the flags, the pocl cache's path).
+_usable = set()
+
+
 def _unusable(path, own=False):
     """Why ``path`` cannot hold the compile cache (an OSError), or None: created if
     missing, 64 KiB written in it (a full disk fails here, not in a compile),
     and with ``own`` this user's (a folder of another user's in a shared
     temporary directory is not used; a chosen folder may be a group's)."""
+    if (path, own) in _usable:
+        return None
     try:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix='.probe-', dir=path)
@@ -54,6 +61,7 @@ def _unusable(path, own=False):
             return OSError('owned by another user')
     except OSError as exc:
         return exc
+    _usable.add((path, own))
     return None
 
 

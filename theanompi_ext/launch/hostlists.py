@@ -94,6 +94,12 @@ class HostfileError(BadInput):
     neither ``host:N`` (MPICH) nor ``host slots=N`` (Open MPI): status 2."""
 
 
+def hostfile_hosts(path):
+    """The host names of a hostfile, MPICH's (``host:n``) or Open MPI's
+    (``host slots=n``), in order, once each; comments and blank lines skipped."""
+    return [h for h, _ in read_hostfile(path)]
+
+
 def _hostfile_text(path):
     try:
         with open(path, newline='') as fh:      # '\r' kept: check_line_ends

@@ -88,9 +88,8 @@ def network_args(mpiexec, hosts=(), environ=None):
 
 def hostfile_names(hostfile):
     """The host names of ``hostfile`` (none when it is not given or not there)."""
-    from .hostlists import read_hostfile
-    return [h for h, _ in read_hostfile(hostfile)] if hostfile and os.path.exists(hostfile) \
-        else []
+    from .hostlists import hostfile_hosts
+    return hostfile_hosts(hostfile) if hostfile and os.path.exists(hostfile) else []
 
 
 def mpiexec_command(nprocs, argv, hostfile=None, mpiexec=None, extra=(), hosts=None):

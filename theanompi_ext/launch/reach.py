@@ -22,6 +22,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import EXIT_BAD_INPUT, BadInput
+from .hostlists import check_line_ends, hostfile_hosts
 
 #: The program hydra starts its proxies with (``-launcher-exec``); default ssh.
 AGENT_VAR = 'THEANOMPI_EXT_LAUNCH_AGENT'
@@ -47,13 +48,6 @@ NOT_FOUND_STATUS = 127
 #: (hydra starts its proxy on each host by the launcher's own path, without the host).
 MISSING_PROGRAM = re.compile(rb'(/[^\s:]+): (?:No such file or directory|command not found'
                              rb'|not found)\s*$')
-
-
-def hostfile_hosts(path):
-    """The host names of a hostfile, MPICH's (``host:n``) or Open MPI's
-    (``host slots=n``), in order, once each; comments and blank lines skipped."""
-    from .hostlists import read_hostfile
-    return [h for h, _ in read_hostfile(path)]
 
 
 def probe(host, agent=None, timeout=PROBE_TIMEOUT_S, command=('true',)):
@@ -124,7 +118,6 @@ def check_hostfile(hostfile, agent=None, environ=None):
     before MPI says it its own way)."""
     if hostfile:
         hosts = hostfile_hosts(hostfile)
-        from .hostlists import check_line_ends
         from .mpiexec import find_mpiexec, is_openmpi
         if is_openmpi(find_mpiexec()):
             check_line_ends(hostfile)
