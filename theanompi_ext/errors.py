@@ -24,6 +24,9 @@ Exit status (the same from ``theanompi-ext train`` and from each rank):
     ``collective_timeout_s`` (the message names the ranks that had not
     arrived); also a checkpoint or final-output write longer than
     ``write_timeout_s``
+75  :data:`EXIT_RESUMABLE`: every rank stopped after the checkpoint a signal asked
+    for (``--checkpoint-signal``, ``--on-checkpoint-signal stop``): resume it with
+    ``--resume`` (sysexits' EX_TEMPFAIL: try again later)
 124 :data:`EXIT_TIMED_OUT`: a job that its launcher stopped after a time limit
     (``check-equivalence --timeout``, ``trials --run-timeout``, benchmarks), as
     ``timeout(1)`` reports it
@@ -54,6 +57,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 3
 EXIT_TIMEOUT = 4
+EXIT_RESUMABLE = 75
 EXIT_TIMED_OUT = 124
 EXIT_SIGNAL_BASE = 128
 
@@ -71,6 +75,8 @@ def exit_status(exc):
     130 for a Ctrl-C (``KeyboardInterrupt``: SIGINT), as the launcher's."""
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_SIGNAL_BASE + signal.SIGINT
+    if isinstance(exc, StoppedToResume):
+        return EXIT_RESUMABLE
     return EXIT_BAD_INPUT if isinstance(exc, BadInput) else EXIT_FAILED
 
 
@@ -97,6 +103,17 @@ class RankMismatchError(AllRanks, BadInput):
 
 class ReplicaMismatch(AllRanks, RuntimeError):
     """Exchanged parameters differ between ranks (raised on every rank)."""
+
+
+class StoppedToResume(AllRanks, Exception):
+    """Every rank stopped, as asked, after the checkpoint a signal asked for
+    (exit status 75); ``signum`` and ``iteration`` say which and where."""
+
+    def __init__(self, signum, iteration, path):
+        self.signum, self.iteration, self.path = signum, iteration, path
+        Exception.__init__(self, 'stopped by %s after the checkpoint of iteration %d (%s): '
+                           'continue with --resume' % (signal.Signals(signum).name,
+                                                       iteration, path))
 
 
 class CheckpointError(AllRanks, BadInput):

@@ -149,6 +149,34 @@ def test_launcher_signalled(eh, tmp_path, sig):
     whole_checkpoint(job)
 
 
+def test_checkpoint_signal_to_the_launcher(eh, tmp_path):
+    """``--checkpoint-signal USR1 --on-checkpoint-signal stop``: SIGUSR1 to the
+    launcher reaches the ranks, none of which runs beside it (the launcher's mpiexec
+    passes it on through each host's proxy); the ranks of both hosts write one
+    checkpoint at the same next iteration and end with 75, nothing left anywhere."""
+    job = Job(eh, str(tmp_path), '--checkpoint-signal', 'USR1', '--on-checkpoint-signal',
+              'stop')
+    job.training()
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGUSR1)
+    rc, _ = job.end()
+    t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
+    print('\nSIGUSR1 to the launcher -> checkpoint and exit %.2f s, every host clear %.2f s'
+          % (t_exit, t_gone))
+    assert rc == 75, job.text()[-3000:]
+    m = re.search(r'stopped by SIGUSR1 after the checkpoint of iteration (\d+)', job.text())
+    assert m, job.text()[-3000:]
+    assert job.text().replace('\0', '').strip().splitlines()[-1] == (
+        'theanompi-ext: all 2 ranks stopped after the checkpoint, as asked: the job can be '
+        'resumed (exit status 75)'), job.text()[-3000:]
+    f = checkpoint.read(os.path.join(job.out, checkpoint.FILENAME))
+    try:
+        assert int(f.attrs['iteration']) == int(m.group(1))
+    finally:
+        f.close()
+    assert t_gone < 10
+
+
 def test_far_ranks_stopped(eh, tmp_path):
     """SIGSTOP of tmxh1's rank: the watchdog of tmxh0's rank ends the job (exit 4)
     naming rank 1 on tmxh1."""

@@ -28,7 +28,8 @@ from theanompi_ext.train.config import TrainConfig
 
 from support.configs import write_cfg
 from support.paths import MPI_DIR
-from support.jobs import Job, signal_a_helper_thread
+from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
+                          wait_for)
 from support.procs import explained, mpi_cmd, mpiexec
 
 JOB_TIMEOUT = 180
@@ -40,29 +41,6 @@ LONG = ['train', '--workers', '2', '--model', 'mlp', '--batch-per-worker', '8',
 
 
 # --------------------------------------------------------------------------- helpers
-
-def wait_for(cond, timeout, what):
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError('timed out waiting for ' + what)
-        time.sleep(0.02)
-
-
-def temporaries(folder):
-    return [n for n in os.listdir(folder) if '.tmp-' in n or n.endswith('.tmp')]
-
-
-def good_checkpoint(path):
-    """The iteration of a checkpoint that verifies and whose values are all finite."""
-    import h5py
-    import io
-    with h5py.File(io.BytesIO(sealed.read_sealed(str(path))), 'r') as f:
-        for name in ('shared/values', 'shared/velocity', 'rank0/values_tail', 'rank1/velocity'):
-            if name in f:
-                assert np.all(np.isfinite(f[name][...])), name
-        return int(f.attrs['iteration'])
-
 
 def fault_line(err):
     m = re.search(r'FAULT \S+ rank \d+ pid (\d+) at ([0-9.]+) iteration (-?\d+)', err)

@@ -108,7 +108,42 @@ class Job(object):
         self.proc.wait()
         self._done.set()
 
+    def out(self):
+        """What the command wrote to its standard output so far."""
+        self.out_f.flush()
+        self.out_f.seek(0)
+        return self.out_f.read()
+
     def err(self):
         self.err_f.flush()
         self.err_f.seek(0)
         return self.err_f.read()
+
+
+def wait_for(cond, timeout, what):
+    """Poll ``cond()`` until it is true; fail naming ``what`` after ``timeout`` s."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError('timed out waiting for ' + what)
+        time.sleep(0.02)
+
+
+def temporaries(folder):
+    """The temporary files of unfinished writes in ``folder``."""
+    return [n for n in os.listdir(folder) if '.tmp-' in n or n.endswith('.tmp')]
+
+
+def good_checkpoint(path):
+    """The iteration of a checkpoint that verifies and whose values are all finite."""
+    import io
+
+    import h5py
+    import numpy as np
+
+    from theanompi_ext.files import sealed
+    with h5py.File(io.BytesIO(sealed.read_sealed(str(path))), 'r') as f:
+        for name in ('shared/values', 'shared/velocity', 'rank0/values_tail', 'rank1/velocity'):
+            if name in f:
+                assert np.all(np.isfinite(f[name][...])), name
+        return int(f.attrs['iteration'])

@@ -23,8 +23,8 @@ import threading
 import time
 
 from .. import output_faults, stop_signals
-from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
-                      EXIT_TIMEOUT)
+from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE,
+                      EXIT_TIMED_OUT, EXIT_TIMEOUT)
 from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
@@ -172,6 +172,11 @@ def explain(status, report, notes, size=None, first_exit=None):
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
                         for r in vanished)
         return _unfinished(who, of, 'although mpiexec reported success')
+    if status == EXIT_RESUMABLE and notes and all(
+            state.startswith('stopped') for _, _, state in notes.values()):
+        # asked for (train --on-checkpoint-signal stop): rank 0's line above says where
+        return ('theanompi-ext: all %d ranks stopped after the checkpoint, as asked: the job '
+                'can be resumed (exit status %d)' % (len(notes), status)), status
     if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT and \
             not _failed_itself(report, notes):
         return _peer_lost(report.peer_lost, notes, of)
@@ -496,7 +501,7 @@ def timed_out_message(timeout_s):
 
 
 def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_timeout_s=0,
-                  timeout=None, out=None, err=None, heading=None):
+                  timeout=None, out=None, err=None, heading=None, forward=None):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
     SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
@@ -518,7 +523,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     ``started`` (a callable) and ``start_timeout_s``, a job for which
     ``started()`` is still false after that many seconds is stopped, status 4
     (:mod:`.start_watch`); with ``timeout``, a job still running after that
-    many seconds is stopped, status 124.
+    many seconds is stopped, status 124. ``forward`` (a
+    :class:`~.forwarded_signal.ForwardedSignal`) passes its signal on to the
+    job once ``started()``.
     """
     out, err = out or sys.stdout, err or sys.stderr
     folder = make_ranks_folder()
@@ -542,6 +549,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         return status
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if forward is not None:
+            forward.attach(proc, started)
         start_watch = StartWatch(proc, started, start_timeout_s, stop).start()
         # the time limit is a start watch whose job never counts as started
         time_limit = StartWatch(proc, lambda: False, timeout, stop).start()
@@ -606,6 +615,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                           'theanompi-ext: stopped %s: every rank of the job ended '
                           '(exit status %d)' % (why, EXIT_SIGNAL_BASE + signum))
     finally:
+        if forward is not None:
+            forward.detach()
         stop_signals.restore(old_handlers)
         _disarm_stop_bound()
         shutil.rmtree(folder, ignore_errors=True)

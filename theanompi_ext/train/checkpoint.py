@@ -45,9 +45,10 @@ PREV_FILENAME = 'checkpoint.prev.h5'
 #: must match the checkpoint's.
 RESUME_MAY_CHANGE = frozenset((
     'epochs', 'max_steps', 'eval_every', 'out', 'checkpoint', 'checkpoint_every', 'resume',
-    'overwrite', 'timeline', 'quiet', 'collective_timeout_s', 'stall_warn_s',
+    'overwrite', 'timeline', 'quiet', 'progress_every', 'collective_timeout_s', 'stall_warn_s',
     'write_timeout_s', 'check_replicas_every', 'bucket_cap_mb', 'first_bucket_cap_mb',
-    'backend', 'checkpoint_every_s', 'max_restarts', 'restart_backoff_s', 'start_timeout_s'))
+    'backend', 'checkpoint_every_s', 'checkpoint_signal', 'on_checkpoint_signal',
+    'max_restarts', 'restart_backoff_s', 'start_timeout_s'))
 
 
 def rank_state(trainer):

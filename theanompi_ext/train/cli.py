@@ -99,6 +99,10 @@ def main(args):
     except ValueError as exc:
         sys.stderr.write('theanompi-ext train: error: %s\n' % exc)
         return EXIT_BAD_INPUT
+    # --checkpoint-signal: caught from now on (its default would end us), in the
+    # launcher as in a rank; a rank catches it again once MPI has started
+    from .checkpoint_request import install_for
+    install_for(cfg)
     from ..launch import in_mpi_job
     if in_mpi_job():
         from ..collective.world import launcher_rank_size, world_comm
@@ -182,11 +186,31 @@ def _launch(args, cfg):
         return run_explained(worker_command(args.workers, args.hostfile), env=env,
                              size=args.workers, hostfile=args.hostfile,
                              started=(lambda: started(mark)) if mark else None,
-                             start_timeout_s=cfg.start_timeout_s)
-    if not cfg.max_restarts:
-        # a job whose ranks never all join (a rank dead before MPI started: hydra
-        # leaves the others waiting) ends after --start-timeout-s, as under restarts
-        with start_watch_env(cfg.out, bool(args.hostfile)) as watch_env:
-            return attempt(cfg, watch_env)
-    from .restarts import recorded_run, supervise
-    return supervise(cfg, lambda c, e: recorded_run(lambda: attempt(c, e)))
+                             start_timeout_s=cfg.start_timeout_s, forward=forward)
+    # --checkpoint-signal: the launcher catches it for the whole job, attempts
+    # and the waits between them included, and passes it on to the ranks
+    forward = forwarded_checkpoint_signal(cfg)
+    try:
+        if not cfg.max_restarts:
+            # a job whose ranks never all join (a rank dead before MPI started: hydra
+            # leaves the others waiting) ends after --start-timeout-s, as under restarts
+            with start_watch_env(cfg.out, bool(args.hostfile)) as watch_env:
+                return attempt(cfg, watch_env)
+        from .restarts import recorded_run, supervise
+        return supervise(cfg, lambda c, e: recorded_run(lambda: attempt(c, e)))
+    finally:
+        if forward is not None:
+            forward.restore()
+
+
+def forwarded_checkpoint_signal(cfg):
+    """The launcher's :class:`~..launch.forwarded_signal.ForwardedSignal` of
+    ``cfg.checkpoint_signal``, installed, holding a request noted since
+    :func:`main` caught it (None without the option)."""
+    if not cfg.checkpoint_signal:
+        return None
+    from ..launch.forwarded_signal import ForwardedSignal
+    from .checkpoint_request import number, taken
+    forward = ForwardedSignal(number(cfg.checkpoint_signal)).install()
+    forward.pending = taken() is not None
+    return forward

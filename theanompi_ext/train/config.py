@@ -8,6 +8,7 @@ from ..update.momentum import FORMS
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..collective.wire import WIRE_DTYPES
 from ..exchange.modes import check_mode, default_strategy
+from .checkpoint_request import THEN, canonical_name
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TrainConfig(object):
     checkpoint: bool = True              # write out/checkpoint.h5 (needs out)
     checkpoint_every: int = 0            # iterations between checkpoints (0: each epoch)
     checkpoint_every_s: float = 0.0      # also a checkpoint once this many seconds passed (0: off)
+    checkpoint_signal: str = ''          # USR1/USR2: a checkpoint at the next iteration ('': none)
+    on_checkpoint_signal: str = 'continue'   # after it: continue, or stop (exit status 75)
     max_restarts: int = 0                # restarts from the last good checkpoint (train/restarts.py)
     restart_backoff_s: float = 1.0       # wait before each restart, seconds
     start_timeout_s: float = 300.0       # a job (attempt) not started by then is stopped
@@ -86,6 +89,10 @@ class TrainConfig(object):
             cfg.device = ','.join(parse_device_list(cfg.device))
         except ValueError:
             pass            # left as given: _check names it
+        try:
+            cfg.checkpoint_signal = canonical_name(cfg.checkpoint_signal)
+        except ValueError:
+            pass            # the same
         return cfg
 
     def _check(self):
@@ -183,9 +190,24 @@ class TrainConfig(object):
         if self.max_restarts and not (self.out and self.checkpoint):
             bad('max_restarts', 'a restart resumes from OUT/checkpoint.h5: needs --out and '
                 'checkpoints (--checkpoint true)')
+        self._check_checkpoint_signal()
         if self.resume and self.overwrite:
             bad('overwrite', '--resume continues the run in --out, --overwrite replaces it: '
                 'choose one')
+
+    def _check_checkpoint_signal(self):
+        try:
+            canonical_name(self.checkpoint_signal)
+        except ValueError as exc:
+            self._bad('checkpoint_signal', str(exc))
+        if self.on_checkpoint_signal not in THEN:
+            self._bad('on_checkpoint_signal', 'choose from %s' % (THEN,))
+        if self.checkpoint_signal and not (self.out and self.checkpoint):
+            self._bad('checkpoint_signal', 'a checkpoint is written to OUT/checkpoint.h5: '
+                      'needs --out and checkpoints (--checkpoint true)')
+        if self.on_checkpoint_signal == 'stop' and not self.checkpoint_signal:
+            self._bad('on_checkpoint_signal', 'stop after the checkpoint of which signal? '
+                      'Name it with --checkpoint-signal USR1')
 
     def to_dict(self):
         """Plain dict (JSON-able)."""

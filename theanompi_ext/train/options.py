@@ -78,6 +78,14 @@ HELP = {
     'checkpoint_every_s': 'also write a checkpoint once this many seconds have passed since '
                           'the last one, at an iteration rank 0 chooses for every rank '
                           '(0: off)',
+    'checkpoint_signal': 'a signal that asks for a checkpoint now, one of USR1, USR2: every '
+                         'rank writes one after the same next iteration, whichever rank or '
+                         'the launcher received it (a batch scheduler\'s warning before its '
+                         'time limit, e.g. SLURM\'s --signal=B:USR1@120; '
+                         'docs/faults.md#a-checkpoint-asked-for-by-a-signal; empty: none)',
+    'on_checkpoint_signal': 'after the checkpoint --checkpoint-signal asked for, one of '
+                            '%(choices)s: stop ends every rank with exit status 75, to be '
+                            'resumed with --resume',
     'max_restarts': 'when the job fails with a status a restart can cure (a rank killed, a '
                     'collective or write timeout, a host or link lost), stop every rank and '
                     'start again from the newest good checkpoint, at most this many times '
@@ -121,6 +129,7 @@ GROUPS = (
     ('exchange', ('sync_type', 'exch_strategy', 'exchange_bn', 'bucket_cap_mb',
                   'first_bucket_cap_mb', 'wire_dtype', 'exchange_path', 'backend', 'topology')),
     ('checkpoints and faults', ('checkpoint', 'checkpoint_every', 'checkpoint_every_s',
+                                'checkpoint_signal', 'on_checkpoint_signal',
                                 'max_restarts', 'restart_backoff_s', 'start_timeout_s',
                                 'resume', 'overwrite',
                                 'collective_timeout_s', 'stall_warn_s', 'write_timeout_s',
@@ -134,7 +143,7 @@ METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline':
             'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
             'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
             'write_timeout_s': 'S', 'device': 'DEV', 'checkpoint_every_s': 'S',
-            'restart_backoff_s': 'S', 'start_timeout_s': 'S', 'max_restarts': 'N',
+            'restart_backoff_s': 'S', 'checkpoint_signal': 'SIG', 'start_timeout_s': 'S', 'max_restarts': 'N',
             'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
             'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
             'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}
@@ -174,7 +183,8 @@ def _choices():
     from ..step.device import EXCHANGE_PATHS
     from ..collective.registry import host_backends
     from ..collective.two_level import TOPOLOGIES
-    return {'topology': TOPOLOGIES, 'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
+    from .checkpoint_request import THEN
+    return {'on_checkpoint_signal': THEN, 'topology': TOPOLOGIES, 'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
             'wire_dtype': WIRE_DTYPES, 'exchange_path': EXCHANGE_PATHS,
             'backend': host_backends()}

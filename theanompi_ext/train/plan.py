@@ -90,6 +90,10 @@ def output_files(cfg):
                 else ['each epoch']
             if cfg.checkpoint_every_s:
                 when.append('every %g s' % cfg.checkpoint_every_s)
+            if cfg.checkpoint_signal:
+                when.append('on SIG%s, then %s' % (cfg.checkpoint_signal,
+                                                   'stop' if cfg.on_checkpoint_signal == 'stop'
+                                                   else 'go on'))
             files.append('checkpoint.h5 (%s)' % ' and '.join(when))
         if cfg.max_restarts:
             files.append('restarts.json (up to %d restarts)' % cfg.max_restarts)

@@ -32,7 +32,8 @@ import sys
 import time
 
 from .. import output_faults, stop_signals
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_TIMEOUT
+from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE,
+                      EXIT_TIMEOUT)
 from ..launch.start_watch import NOT_STARTED
 from . import attempt as attempt_vars
 
@@ -88,6 +89,8 @@ def classify(status, message=''):
     message = message or ''
     if status == EXIT_OK:
         return Verdict(False, 'finished')
+    if status == EXIT_RESUMABLE:
+        return Verdict(False, 'stopped after a checkpoint, as a signal asked (--checkpoint-signal)')
     if status in STOP_STATUSES:
         sig = signal.Signals(status - EXIT_SIGNAL_BASE)
         return Verdict(False, 'the launcher was stopped by %s%s' % (
@@ -303,6 +306,9 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
                 if attempt:
                     log.finish(status, 'finished after %d restart%s'
                                % (attempt, '' if attempt == 1 else 's'))
+                return status
+            if status == EXIT_RESUMABLE:      # asked for: not a failure to restart
+                log.finish(status, classify(status).cause)
                 return status
             message = last_message(text)
             verdict = classify(status, message)

@@ -159,6 +159,7 @@ class Trainer(object):
             self.log(format_epoch(rec, cfg.epochs))
             if cfg.out and cfg.checkpoint:
                 self.save_checkpoint()
+                self._after_signalled_checkpoint()   # asked for at the epoch's last step
         if self.timeline is not None:
             # written with the other final outputs (worker.write_outputs)
             self.trace = self.timeline.gather(self.comm)
@@ -189,6 +190,7 @@ class Trainer(object):
                               self.exchange_wait_s)
                 if self._checkpoint_due(it + 1):
                     self.save_checkpoint({'losses': losses, 'errs': errs})
+                    self._after_signalled_checkpoint()
         finally:
             batches.close()
             progress.end_epoch()
@@ -210,27 +212,52 @@ class Trainer(object):
     exchange_wait_s = 0.0
     _saved_at = None      # the iteration of the last checkpoint written or resumed
     _last_save_t = 0.0    # monotonic time of the last checkpoint (or of the start)
+    checkpoint_signalled = None   # the signal that asked for the next checkpoint
     first_step_unix = None   # wall-clock time this process finished its first step
     trace = None          # rank 0: the gathered timeline, once train() ends
 
     def _checkpoint_due(self, it_in_epoch):
+        """Whether every rank writes a checkpoint after this iteration (the end of
+        an epoch writes one anyway). Every rank reaches the same answer: the
+        clock is rank 0's and a signal's request any rank's, both summed in one
+        small allreduce per step where either is on; a request is noted in
+        ``self.checkpoint_signalled`` for the log and the stop."""
         cfg = self.cfg
-        if not (cfg.out and cfg.checkpoint and it_in_epoch < self.iters_per_epoch):
-            return False    # (the end of an epoch writes one anyway)
-        if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
-            return True
-        if not cfg.checkpoint_every_s:
-            return False
-        # Rank 0's clock decides and every rank learns it in one small sum, so
-        # all of them checkpoint after the same iteration; a wait as bounded as
-        # a step's (a rank stopped here must not hang the others)
-        due = np.zeros(1, np.float32)
-        if self.comm.rank == 0:
-            due[0] = time.monotonic() - self._last_save_t >= cfg.checkpoint_every_s
-        with self.comm.bounded(self.iteration, 'checkpoint clock', cfg.collective_timeout_s,
-                               'collective_timeout_s'):
-            self.comm.allreduce(due)
-        return bool(due[0])
+        mid_epoch = bool(cfg.out and cfg.checkpoint and it_in_epoch < self.iters_per_epoch)
+        every = mid_epoch and cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0
+        clock = mid_epoch and not every and cfg.checkpoint_every_s > 0
+        if not (clock or cfg.checkpoint_signal):
+            return bool(every)
+        from . import checkpoint_request
+        votes = np.zeros(2, np.float32)     # [a signal asked, rank 0's clock ran out]
+        votes[0] = 1 if checkpoint_request.taken() else 0
+        if clock and self.comm.rank == 0:
+            votes[1] = time.monotonic() - self._last_save_t >= cfg.checkpoint_every_s
+        # a wait as bounded as a step's (a rank stopped here must not hang the others)
+        with self.comm.bounded(self.iteration, 'checkpoint clock and signal',
+                               cfg.collective_timeout_s, 'collective_timeout_s'):
+            self.comm.allreduce(votes)
+        if votes[0]:
+            self.checkpoint_signalled = checkpoint_request.number(cfg.checkpoint_signal)
+        return bool(every or (votes[0] and mid_epoch) or votes[1])
+
+    def _after_signalled_checkpoint(self):
+        """Log the checkpoint a signal asked for; with ``--on-checkpoint-signal stop``
+        end every rank here (:class:`~theanompi_ext.errors.StoppedToResume`)."""
+        signum, self.checkpoint_signalled = self.checkpoint_signalled, None
+        if signum is None:
+            return
+        import signal
+        cfg = self.cfg
+        end = min(cfg.max_steps or cfg.epochs * self.iters_per_epoch,
+                  cfg.epochs * self.iters_per_epoch)
+        if cfg.on_checkpoint_signal == 'stop' and self.iteration < end:
+            # (at the last iteration the run finishes instead: nothing is left to resume)
+            from ..errors import StoppedToResume
+            raise StoppedToResume(signum, self.iteration, self.checkpoint_path())
+        self.log('checkpoint of iteration %d written, as %s asked (%s)%s'
+                 % (self.iteration, signal.Signals(signum).name, self.checkpoint_path(),
+                    '; training goes on' if self.iteration < end else ''))
 
     def checkpoint_path(self):
         """Where this run's checkpoint lives."""

@@ -12,7 +12,7 @@ import sys
 import time
 
 from ..files import atomic, sealed
-from . import outdir
+from . import checkpoint_request, outdir
 from .config import TrainConfig
 from .report import curves_png
 
@@ -22,6 +22,9 @@ def run(cfg, comm=None, log=print):
     from ..collective import create_communicator
     from ..engine.open import open_on_every_rank
     cfg = cfg.validate()
+    # Again now that MPI has started (MPICH takes SIGUSR1 at its start), and before
+    # the start mark: the launcher passes the signal on only after that mark
+    checkpoint_request.install_for(cfg)
     comm = comm or create_communicator(cfg.backend, topology=cfg.topology)
     from .attempt import mark_started
     mark_started(comm.rank)     # every rank joined (the communicator's Dup): the start check
@@ -160,6 +163,7 @@ def main(argv=None):
                          % CONFIG_VAR)
         return 2
     cfg = TrainConfig.from_dict(config)
+    checkpoint_request.install_for(cfg)   # at once: not caught, it would kill this rank
     return guarded(lambda: run(cfg))
 
 
@@ -172,7 +176,7 @@ def guarded(fn):
     """
     from . import faults
     from .. import output_faults
-    from ..errors import EXIT_OK, exit_status
+    from ..errors import EXIT_OK, StoppedToResume, exit_status
     output_faults.any_character()
     faults.stop_with_parent()
     comm = faults.prepare_agreement()
@@ -185,8 +189,12 @@ def guarded(fn):
         who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
         closed = output_faults.is_closed(exc)
         status = output_faults.CLOSED_STATUS if closed else exit_status(exc)
-        faults.note_rank('failed %d' % status)
-        if closed:
+        stopped = isinstance(exc, StoppedToResume)
+        faults.note_rank('%s %d' % ('stopped' if stopped else 'failed', status))
+        if stopped:
+            if comm.rank == 0:      # the same on every rank: said once
+                sys.stderr.write('theanompi-ext: %s (exit status %d)\n' % (exc, status))
+        elif closed:
             # as SIGPIPE ends other tools (`train --workers 1 | head`): 141
             output_faults.end('theanompi-ext: %sstopped %s (exit status %d)'
                               % (who, output_faults.CLOSED_WHY, status))

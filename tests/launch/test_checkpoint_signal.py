@@ -1,0 +1,267 @@
+"""A checkpoint asked for by a signal (``train --checkpoint-signal USR1``), end to end.
+
+A batch scheduler's warning reaches the launcher (SLURM's ``--signal=B:USR1@120``)
+or the ranks themselves; either way every rank writes the same iteration's
+checkpoint, and the run goes on or stops with status 75 to be resumed. The
+reference for "nothing changed" is the same run without any signal: the
+parameters at the end must be bitwise equal (the resume is exact and a
+checkpoint does not touch the state).
+"""
+import os
+import re
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from theanompi_ext.launch.forwarded_signal import ForwardedSignal
+from theanompi_ext.train import checkpoint, checkpoint_request
+from theanompi_ext.train.attempt import START_NAME
+from theanompi_ext.train.restarts import LOG_NAME
+
+from support.jobs import Job, good_checkpoint, wait_for
+
+CLI = [sys.executable, '-m', 'theanompi_ext']
+# about 2,700 steps of 2 ranks: a few seconds, long enough to be signalled mid-run
+RUN = ['train', '--workers', '2', '--model', 'mlp', '--batch-per-worker', '8',
+       '--epochs', '30', '--warmup', 'none', '--decay-epochs', '20', '--eval-every', '1000']
+ITERATIONS = 30 * 89
+
+
+def catches(pid, sig):
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask)."""
+    try:
+        with open('/proc/%d/status' % pid) as f:
+            mask = next(line for line in f if line.startswith('SigCgt:')).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (int(sig) - 1) & 1)
+
+
+def rank_pid(job, rank):
+    """The PID of rank ``rank`` among the job's processes (its MPI's rank variable)."""
+    for pid in list(job.seen):
+        try:
+            with open('/proc/%d/environ' % pid, 'rb') as f:
+                env = dict(v.split(b'=', 1) for v in f.read().split(b'\0') if b'=' in v)
+        except OSError:
+            continue
+        if env.get(b'PMI_RANK', env.get(b'OMPI_COMM_WORLD_RANK')) == str(rank).encode() \
+                and b'theanompi_ext' in open('/proc/%d/cmdline' % pid, 'rb').read():
+            return pid
+    return None
+
+
+def params(out):
+    with np.load(str(out / 'params.npz')) as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_same_params(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope='module')
+def straight(tmp_path_factory):
+    """The parameters of the run trained without any signal."""
+    tmp = tmp_path_factory.mktemp('straight')
+    job = Job(CLI + RUN + ['--out', str(tmp / 'run'), '--quiet'], tmp)
+    try:
+        assert job.wait() == 0, job.err()[-3000:]
+    finally:
+        job.finish()
+    return params(tmp / 'run')
+
+
+@pytest.mark.parametrize('restarts', [0, 1], ids=['plain', 'max-restarts'])
+def test_a_signal_before_the_ranks_start_stops_them_after_a_checkpoint(tmp_path, straight,
+                                                                       restarts):
+    """SIGUSR1 to the launcher as soon as it catches it, before any rank catches it:
+    it waits for the ranks (a rank that has not yet caught it would die of it), then
+    every rank writes the checkpoint of the next iteration and stops with 75; no
+    process is left; ``--max-restarts`` does not restart it; the resumed run ends
+    with the straight run's parameters, bit for bit."""
+    out = tmp_path / 'run'
+    job = Job(CLI + RUN + ['--out', str(out), '--quiet', '--checkpoint-signal', 'USR1',
+                           '--on-checkpoint-signal', 'stop', '--max-restarts', str(restarts)],
+              tmp_path)
+    try:
+        wait_for(lambda: catches(job.proc.pid, signal.SIGUSR1) or job.proc.poll() is not None,
+                 60, 'the launcher to catch SIGUSR1')
+        early = [r for r in (rank_pid(job, 0), rank_pid(job, 1))
+                 if r is not None and catches(r, signal.SIGUSR1)]
+        assert not early      # no rank could take it yet: the request must wait
+        os.kill(job.proc.pid, signal.SIGUSR1)
+        rc = job.wait()
+    finally:
+        job.finish()
+    err = job.err()
+    assert rc == 75, err[-3000:]
+    m = re.search(r'stopped by SIGUSR1 after the checkpoint of iteration (\d+) \(%s\): '
+                  r'continue with --resume \(exit status 75\)'
+                  % re.escape(str(out / checkpoint.FILENAME)), err)
+    assert m and m.group(1), err[-3000:]
+    at = int(m.group(1))
+    assert 1 <= at < ITERATIONS
+    assert err.strip().splitlines()[-1] == (
+        'theanompi-ext: all 2 ranks stopped after the checkpoint, as asked: the job can be '
+        'resumed (exit status 75)'), err[-3000:]
+    assert 'failed' not in err and 'died' not in err, err[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) == at
+    assert not (out / 'params.npz').exists()      # stopped: no final outputs
+    if restarts:
+        import json
+        log = json.loads((out / LOG_NAME).read_text())
+        assert log['result']['status'] == 75 and 'signal' in log['result']['why'], log
+        assert not log.get('failures'), log
+    resumed = Job(CLI + RUN + ['--out', str(out), '--quiet', '--resume'], tmp_path)
+    try:
+        assert resumed.wait() == 0, resumed.err()[-3000:]
+    finally:
+        resumed.finish()
+    assert_same_params(params(out), straight)
+
+
+def test_a_signal_to_one_rank_checkpoints_every_rank_and_training_goes_on(tmp_path, straight):
+    """SIGUSR1 to rank 1 alone (a scheduler may signal the ranks, not the launcher):
+    rank 0 reports the checkpoint that every rank wrote at the next iteration, and the
+    run ends normally with the straight run's parameters."""
+    out = tmp_path / 'run'
+    job = Job(CLI + RUN + ['--out', str(out), '--checkpoint-signal', 'SIGUSR1'], tmp_path)
+    try:
+        # once every rank has joined (the start mark): before, MPICH's own handler,
+        # which MPI_Init installs, would take it on the rank
+        wait_for(lambda: (out / START_NAME).exists() or job.proc.poll() is not None, 60,
+                 'the ranks to start')
+        pid = rank_pid(job, 1)
+        assert pid is not None and catches(pid, signal.SIGUSR1), job.err()[-3000:]
+        os.kill(pid, signal.SIGUSR1)
+        rc = job.wait()
+    finally:
+        job.finish()
+    text = job.out()
+    assert rc == 0, job.err()[-3000:]
+    m = re.search(r'checkpoint of iteration (\d+) written, as SIGUSR1 asked \(%s\); '
+                  r'training goes on' % re.escape(str(out / checkpoint.FILENAME)), text)
+    assert m and 1 <= int(m.group(1)) < ITERATIONS, text[-3000:]
+    assert len(re.findall('as SIGUSR1 asked', text)) == 1
+    assert_same_params(params(out), straight)
+
+
+def test_one_process_run_stops_after_the_checkpoint(tmp_path):
+    """``--workers 1`` runs in the launcher's own process: it catches the signal
+    itself, writes the checkpoint and ends with 75."""
+    out = tmp_path / 'run'
+    job = Job(CLI + RUN[:2] + ['1'] + RUN[3:] + [
+        '--out', str(out), '--quiet', '--checkpoint-signal', 'usr2',
+        '--on-checkpoint-signal', 'stop'], tmp_path)
+    try:
+        wait_for(lambda: catches(job.proc.pid, signal.SIGUSR2) or job.proc.poll() is not None,
+                 60, 'the process to catch SIGUSR2')
+        os.kill(job.proc.pid, signal.SIGUSR2)
+        rc = job.wait()
+    finally:
+        job.finish()
+    assert rc == 75, job.err()[-3000:]
+    m = re.search(r'stopped by SIGUSR2 after the checkpoint of iteration (\d+)', job.err())
+    assert m, job.err()[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) == int(m.group(1))
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--checkpoint-signal', 'TERM'], "invalid option checkpoint_signal='TERM': 'TERM' cannot "
+     'ask for a checkpoint: choose from USR1, USR2'),
+    (['--checkpoint-signal', 'KILL'], 'choose from USR1, USR2'),
+    (['--checkpoint-signal', 'USR1', '--out', ''], 'needs --out and checkpoints'),
+    (['--checkpoint-signal', 'USR1', '--checkpoint', 'false'], 'needs --out and checkpoints'),
+    (['--on-checkpoint-signal', 'stop'], 'stop after the checkpoint of which signal?'),
+    (['--checkpoint-signal', 'USR1', '--on-checkpoint-signal', 'halt'],
+     "invalid option on_checkpoint_signal='halt': choose from continue, stop"),
+])
+def test_bad_checkpoint_signal_options_are_refused_before_launch(tmp_path, argv, words):
+    import subprocess
+    r = subprocess.run(CLI + RUN + ['--out', str(tmp_path / 'run')] + argv,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr, r.stderr
+    assert not (tmp_path / 'run').exists()
+
+
+# --------------------------------------------------------------------------- the parts
+
+@pytest.mark.parametrize('given, name', [('usr1', 'USR1'), ('SIGUSR2', 'USR2'), (' Usr2 ', 'USR2'),
+                                         (str(int(signal.SIGUSR1)), 'USR1'), ('', '')])
+def test_signal_names(given, name):
+    assert checkpoint_request.canonical_name(given) == name
+
+
+@pytest.mark.parametrize('given', ['TERM', 'SIGINT', 'HUP', 'KILL', 'STOP', '9', 'SEGV', 'FOO',
+                                   '999'])
+def test_signals_that_cannot_ask_for_a_checkpoint(given):
+    with pytest.raises(ValueError, match='cannot ask for a checkpoint: choose from USR1, USR2'):
+        checkpoint_request.canonical_name(given)
+
+
+def test_a_caught_signal_is_taken_once():
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        checkpoint_request.install('USR2')
+        assert checkpoint_request.taken() is None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR2)     # two before a step: one checkpoint
+        assert checkpoint_request.taken() == signal.SIGUSR2
+        assert checkpoint_request.taken() is None
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+
+
+CATCHER = ('import signal, sys, time\n'
+           'signal.signal(signal.SIGUSR1, lambda s, f: print("got", flush=True))\n'
+           'print("ready", flush=True)\n'
+           'time.sleep(30)\n')
+
+
+def _catcher():
+    import subprocess
+    proc = subprocess.Popen([sys.executable, '-c', CATCHER], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == 'ready\n'
+    return proc
+
+
+def test_the_launcher_passes_a_request_on_only_once_the_job_is_ready():
+    """Held while ``ready()`` is false, passed on once it is true; one still held
+    when its job ends waits for the next job (an attempt after a restart)."""
+    import time
+    fwd = ForwardedSignal(signal.SIGUSR1).install()
+    first = second = None
+    try:
+        ready = []
+        first = _catcher()
+        fwd.attach(first, lambda: bool(ready))
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.5)
+        assert fwd.pending and fwd.forwarded == 0
+        ready.append(True)
+        wait_for(lambda: fwd.forwarded == 1, 10, 'the request passed on')
+        assert first.stdout.readline() == 'got\n'
+        first.kill()
+        first.wait()
+        os.kill(os.getpid(), signal.SIGUSR1)     # its job has ended: kept
+        time.sleep(0.5)
+        fwd.detach()
+        assert fwd.pending and fwd.forwarded == 1
+        second = _catcher()
+        fwd.attach(second)
+        wait_for(lambda: fwd.forwarded == 2, 10, 'the request passed on to the next job')
+        assert second.stdout.readline() == 'got\n'
+    finally:
+        fwd.detach()
+        fwd.restore()
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL

@@ -1,0 +1,73 @@
+"""A signal the launcher passes on to every rank of its job (``train --checkpoint-signal``).
+
+A batch scheduler's warning reaches the launcher (``theanompi-ext train``),
+not the ranks. mpiexec hands SIGUSR1 and SIGUSR2 to every rank on every host
+(measured: MPICH 4's hydra and Open MPI 5's mpiexec), so the launcher only
+sends it to mpiexec. Not before the job has started, though: a rank that has
+not yet caught the signal (``train/checkpoint_request.install``) would die
+of it, so a request that comes early, or between two attempts of a job that
+restarts, waits until every rank has joined.
+"""
+import os
+import signal
+import threading
+
+#: How often a waiting request is looked at, seconds.
+POLL_S = 0.1
+
+
+class ForwardedSignal(object):
+    """Catch ``signum`` in the launcher from :meth:`install` to :meth:`restore`;
+    while a job is :meth:`attach` ed, pass each one on to its mpiexec."""
+
+    _NOT_INSTALLED = object()
+
+    def __init__(self, signum):
+        self.signum = signal.Signals(signum)
+        self.pending = False      # received, not yet passed on
+        self.forwarded = 0        # how many were passed on (tests, the log)
+        self._old = self._NOT_INSTALLED
+        self._thread = None
+
+    def install(self):
+        """Catch the signal from now on (main thread)."""
+        self._old = signal.signal(self.signum, self._caught)
+        return self
+
+    def restore(self):
+        """Put back the handler :meth:`install` replaced."""
+        if self._old is not self._NOT_INSTALLED:
+            # (None: a handler not set from Python, e.g. by C code: the default)
+            signal.signal(self.signum, signal.SIG_DFL if self._old is None else self._old)
+            self._old = self._NOT_INSTALLED
+
+    def _caught(self, signum, frame):
+        # Only noted: the thread passes it on (a handler must not wait for a lock
+        # that the code it interrupted may hold).
+        self.pending = True
+
+    def attach(self, proc, ready=None):
+        """Pass requests on to ``proc`` (an mpiexec) once ``ready()`` (the job
+        started; None: at once), until :meth:`detach`."""
+        done = threading.Event()
+        self._thread = threading.Thread(target=self._pass_on, args=(proc, ready, done),
+                                        name='forward %s' % self.signum.name, daemon=True)
+        self._thread.done = done
+        self._thread.start()
+
+    def detach(self):
+        """Stop passing requests on (one still pending waits for the next job)."""
+        if self._thread is not None:
+            self._thread.done.set()
+            self._thread.join()
+            self._thread = None
+
+    def _pass_on(self, proc, ready, done):
+        while not done.wait(POLL_S):
+            if self.pending and proc.poll() is None and (ready is None or ready()):
+                self.pending = False
+                try:
+                    os.kill(proc.pid, self.signum)
+                    self.forwarded += 1
+                except ProcessLookupError:
+                    self.pending = True    # the job ended meanwhile: for the next one

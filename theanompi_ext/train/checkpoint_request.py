@@ -1,0 +1,94 @@
+"""A checkpoint asked for by a signal (``--checkpoint-signal USR1``).
+
+Batch schedulers warn a job before they end it: SLURM's
+``#SBATCH --signal=B:USR1@120`` sends SIGUSR1 two minutes before the time
+limit, LSF's warning action a signal of the user's choice. A job that then
+writes a checkpoint at once loses nothing but those minutes, whatever its
+``--checkpoint-every``.
+
+Each rank catches the signal (:func:`install`) and only notes it; the
+trainer's per-step agreement ORs every rank's note (:func:`taken`), so all
+ranks write the same iteration's checkpoint whichever of them the signal
+reached (the launcher forwards it through mpiexec, which hands it to every
+rank; a scheduler may send it to every rank itself). After the checkpoint
+the run goes on, or, with ``--on-checkpoint-signal stop``, every rank ends
+with :data:`~theanompi_ext.errors.EXIT_RESUMABLE` (75), so that a batch
+script can requeue the job with ``--resume``.
+"""
+import signal
+
+#: The signals that may ask for a checkpoint. The stop signals (INT, TERM,
+#: HUP) already end a run; KILL and STOP cannot be caught; the rest have a
+#: meaning of their own (a fault, a terminal, a child) that we must not take.
+SIGNALS = ('USR1', 'USR2')
+
+#: What a run does after the checkpoint a signal asked for.
+THEN = ('continue', 'stop')
+
+
+def canonical_name(name):
+    """``'USR1'`` for ``usr1``, ``SIGUSR1`` or ``10``; ValueError naming the choices
+    for anything else (``''`` stays ``''``: no signal)."""
+    text = str(name).strip().upper()
+    if text == '':
+        return ''
+    if text.isdigit():
+        try:
+            text = signal.Signals(int(text)).name
+        except ValueError:
+            pass
+    if text.startswith('SIG'):
+        text = text[3:]
+    if text not in SIGNALS:
+        raise ValueError('%r cannot ask for a checkpoint: choose from %s (SIGINT, SIGTERM and '
+                         'SIGHUP stop a run; SIGKILL and SIGSTOP cannot be caught)'
+                         % (name, ', '.join(SIGNALS)))
+    return text
+
+
+def number(name):
+    """The signal number of a :func:`canonical_name` (``'USR1'`` -> 10)."""
+    return signal.Signals['SIG' + canonical_name(name)]
+
+
+class _Notes(object):
+    """The signals this process received since the last :func:`taken`."""
+    signum = None
+
+
+_notes = _Notes()
+
+
+def _note(signum, frame):
+    # A handler only notes: the step in progress may be inside a collective.
+    _notes.signum = signum
+
+
+def install(name):
+    """Catch the signal ``name`` in this process from now on (main thread only).
+
+    Installed even where the signal was ignored when we started: the option
+    asks for it by name. Call it when the process starts (before it, the
+    signal would kill it) and again once MPI has started: MPICH's MPI_Init
+    takes SIGUSR1 for itself (a handler in libmpi, for hydra's notice of a
+    failed process, which our jobs do not use: hydra ends them instead);
+    Open MPI 5 leaves it alone. Both mpiexecs pass SIGUSR1/2 on to every rank.
+    """
+    signal.signal(number(name), _note)
+
+
+def install_for(cfg):
+    """:func:`install` ``cfg.checkpoint_signal`` where one is named (a name that is
+    not valid is left to ``cfg.validate()`` to report)."""
+    try:
+        if canonical_name(cfg.checkpoint_signal):
+            install(cfg.checkpoint_signal)
+    except ValueError:
+        pass
+
+
+def taken():
+    """The number of the signal received since the last call (None: none), cleared."""
+    signum, _notes.signum = _notes.signum, None
+    return signum
+
