@@ -64,6 +64,26 @@ def assert_same_params(a, b):
         assert np.array_equal(a[k], b[k]), k
 
 
+def signal_once(job, ready, what, pid, sig):
+    """Send ``sig`` to ``pid`` once ``ready()``; the job's exit status once it has
+    ended, with nothing of it left running."""
+    try:
+        wait_for(lambda: ready() or job.proc.poll() is not None, 60, what)
+        assert job.proc.poll() is None, job.err()[-3000:]
+        os.kill(pid, sig)
+        return job.wait()
+    finally:
+        job.finish()
+
+
+def stopped_at(job, sig):
+    """The iteration of rank 0's line of a stop after the checkpoint ``sig`` asked for."""
+    m = re.search(r'stopped by %s after the checkpoint of iteration (\d+)' % sig.name,
+                  job.err())
+    assert m, job.err()[-3000:]
+    return int(m.group(1))
+
+
 @pytest.fixture(scope='module')
 def straight(tmp_path_factory):
     """The parameters of the run trained without any signal."""
@@ -158,17 +178,30 @@ def test_one_process_run_stops_after_the_checkpoint(tmp_path):
     job = Job(CLI + RUN[:2] + ['1'] + RUN[3:] + [
         '--out', str(out), '--quiet', '--checkpoint-signal', 'usr2',
         '--on-checkpoint-signal', 'stop'], tmp_path)
-    try:
-        wait_for(lambda: catches(job.proc.pid, signal.SIGUSR2) or job.proc.poll() is not None,
-                 60, 'the process to catch SIGUSR2')
-        os.kill(job.proc.pid, signal.SIGUSR2)
-        rc = job.wait()
-    finally:
-        job.finish()
+    rc = signal_once(job, lambda: catches(job.proc.pid, signal.SIGUSR2), 'SIGUSR2 caught',
+                     job.proc.pid, signal.SIGUSR2)
     assert rc == 75, job.err()[-3000:]
-    m = re.search(r'stopped by SIGUSR2 after the checkpoint of iteration (\d+)', job.err())
-    assert m, job.err()[-3000:]
-    assert good_checkpoint(out / checkpoint.FILENAME) == int(m.group(1))
+    at = stopped_at(job, signal.SIGUSR2)
+    assert good_checkpoint(out / checkpoint.FILENAME) == at
+
+
+def test_inside_your_own_mpiexec(tmp_path):
+    """The ranks of the user's own ``mpiexec -n 2 theanompi-ext train`` (as on a
+    cluster) catch the signal themselves; mpiexec passes it on to them: a checkpoint
+    mid-epoch, rank 0's line and 75 through mpiexec."""
+    from theanompi_ext.launch.mpiexec import MPI_ENV_DEFAULTS, mpiexec_command
+    from support.procs import mpiexec
+    out = tmp_path / 'run'
+    job = Job(mpiexec_command(2, CLI + RUN[:1] + RUN[3:] + [
+        '--out', str(out), '--quiet', '--checkpoint-signal', 'USR1', '--on-checkpoint-signal',
+        'stop'], mpiexec=mpiexec()), tmp_path, env=MPI_ENV_DEFAULTS)
+    # once the first epoch's checkpoint is written every rank caught it long before
+    rc = signal_once(job, lambda: (out / checkpoint.FILENAME).exists(), 'the first checkpoint',
+                     job.proc.pid, signal.SIGUSR1)
+    assert rc == 75, job.err()[-3000:]
+    at = stopped_at(job, signal.SIGUSR1)
+    assert 89 < at < ITERATIONS
+    assert good_checkpoint(out / checkpoint.FILENAME) == at
 
 
 @pytest.mark.parametrize('argv, words', [
