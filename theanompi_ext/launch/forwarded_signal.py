@@ -25,9 +25,10 @@ class ForwardedSignal(object):
     def __init__(self, signum):
         self.signum = signal.Signals(signum)
         self.pending = False      # received, not yet passed on
-        self.forwarded = 0        # how many were passed on (tests, the log)
+        self.forwarded = 0        # how many were passed on
         self._old = self._NOT_INSTALLED
         self._thread = None
+        self._done = None
 
     def install(self):
         """Catch the signal from now on (main thread)."""
@@ -49,16 +50,15 @@ class ForwardedSignal(object):
     def attach(self, proc, ready=None):
         """Pass requests on to ``proc`` (an mpiexec) once ``ready()`` (the job
         started; None: at once), until :meth:`detach`."""
-        done = threading.Event()
-        self._thread = threading.Thread(target=self._pass_on, args=(proc, ready, done),
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._pass_on, args=(proc, ready, self._done),
                                         name='forward %s' % self.signum.name, daemon=True)
-        self._thread.done = done
         self._thread.start()
 
     def detach(self):
         """Stop passing requests on (one still pending waits for the next job)."""
         if self._thread is not None:
-            self._thread.done.set()
+            self._done.set()
             self._thread.join()
             self._thread = None
 

@@ -209,6 +209,11 @@ class TrainConfig(object):
             self._bad('on_checkpoint_signal', 'stop after the checkpoint of which signal? '
                       'Name it with --checkpoint-signal USR1')
 
+    def total_iterations(self, iters_per_epoch):
+        """The iterations the run trains for: every epoch's, cut at ``max_steps``."""
+        total = self.epochs * iters_per_epoch
+        return min(total, self.max_steps) if self.max_steps else total
+
     def to_dict(self):
         """Plain dict (JSON-able)."""
         d = dataclasses.asdict(self)

@@ -143,7 +143,8 @@ METAVARS = {'model': 'NAME', 'data': 'digits|FILE.h5', 'out': 'DIR', 'timeline':
             'decay_epochs': 'E1,E2,..', 'base_lr': 'LR', 'bucket_cap_mb': 'MB',
             'first_bucket_cap_mb': 'MB', 'collective_timeout_s': 'S', 'stall_warn_s': 'S',
             'write_timeout_s': 'S', 'device': 'DEV', 'checkpoint_every_s': 'S',
-            'restart_backoff_s': 'S', 'checkpoint_signal': 'SIG', 'start_timeout_s': 'S', 'max_restarts': 'N',
+            'restart_backoff_s': 'S', 'checkpoint_signal': 'SIG', 'start_timeout_s': 'S',
+            'max_restarts': 'N',
             'crop': 'PIXELS', 'scale_min': 'FRACTION', 'warmup_epochs': 'EPOCHS',
             'epochs': 'EPOCHS', 'decay_factor': 'X', 'momentum': 'M', 'weight_decay': 'L2',
             'eval_every': 'EPOCHS', 'ref_batch': 'N', 'batch_per_worker': 'N'}
@@ -184,7 +185,8 @@ def _choices():
     from ..collective.registry import host_backends
     from ..collective.two_level import TOPOLOGIES
     from .checkpoint_request import THEN
-    return {'on_checkpoint_signal': THEN, 'topology': TOPOLOGIES, 'model': ModelNames(), 'warmup': WARMUPS, 'momentum_form': FORMS,
+    return {'on_checkpoint_signal': THEN, 'topology': TOPOLOGIES, 'model': ModelNames(),
+            'warmup': WARMUPS, 'momentum_form': FORMS,
             'sync_type': SYNC_TYPES, 'exch_strategy': EXCH_STRATEGIES,
             'wire_dtype': WIRE_DTYPES, 'exchange_path': EXCHANGE_PATHS,
             'backend': host_backends()}

@@ -116,9 +116,7 @@ def make_plan(cfg, workers, n_train, param_sizes, n_exch_params, layer_counts,
     from ..data.shards import iterations_per_epoch
     k, n = int(workers), cfg.batch_per_worker
     ipe = iterations_per_epoch(n_train, k, n)
-    total = cfg.epochs * ipe
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
+    total = cfg.total_iterations(ipe)
     sched = Schedule(cfg.base_lr, k * n, ipe, cfg.epochs, cfg.ref_batch, cfg.warmup,
                      cfg.warmup_epochs, cfg.decay_epochs, cfg.decay_factor, workers=k)
     n_exch = exchanged_entries(param_sizes, n_exch_params)

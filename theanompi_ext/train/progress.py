@@ -88,9 +88,7 @@ class Progress(object):
     def for_trainer(cls, trainer):
         """The reporter of a :class:`~theanompi_ext.train.trainer.Trainer`."""
         cfg = trainer.cfg
-        total = cfg.epochs * trainer.iters_per_epoch
-        if cfg.max_steps:
-            total = min(total, cfg.max_steps)
+        total = cfg.total_iterations(trainer.iters_per_epoch)
         hooks = getattr(trainer, 'attempt', None)
         return cls(trainer.iters_per_epoch, cfg.epochs, total, trainer.total_batch,
                    enabled=trainer.comm.rank == 0 and not cfg.quiet, every=cfg.progress_every,

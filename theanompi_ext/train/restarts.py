@@ -90,7 +90,8 @@ def classify(status, message=''):
     if status == EXIT_OK:
         return Verdict(False, 'finished')
     if status == EXIT_RESUMABLE:
-        return Verdict(False, 'stopped after a checkpoint, as a signal asked (--checkpoint-signal)')
+        return Verdict(False, 'stopped after a checkpoint, as a signal asked '
+                              '(--checkpoint-signal)')
     if status in STOP_STATUSES:
         sig = signal.Signals(status - EXIT_SIGNAL_BASE)
         return Verdict(False, 'the launcher was stopped by %s%s' % (

@@ -17,7 +17,7 @@ from ..engine.core import on_device
 from ..exchange.modes import OVERLAP
 from ..step.assemble import assemble_step, compile_in_turn, make_schedule
 from ..step.run import Step
-from . import faults, replicas
+from . import checkpoint_request, faults, replicas
 
 
 class Trainer(object):
@@ -228,7 +228,6 @@ class Trainer(object):
         clock = mid_epoch and not every and cfg.checkpoint_every_s > 0
         if not (clock or cfg.checkpoint_signal):
             return bool(every)
-        from . import checkpoint_request
         votes = np.zeros(2, np.float32)     # [a signal asked, rank 0's clock ran out]
         votes[0] = 1 if checkpoint_request.taken() else 0
         if clock and self.comm.rank == 0:
@@ -249,8 +248,7 @@ class Trainer(object):
             return
         import signal
         cfg = self.cfg
-        end = min(cfg.max_steps or cfg.epochs * self.iters_per_epoch,
-                  cfg.epochs * self.iters_per_epoch)
+        end = cfg.total_iterations(self.iters_per_epoch)
         if cfg.on_checkpoint_signal == 'stop' and self.iteration < end:
             # (at the last iteration the run finishes instead: nothing is left to resume)
             from ..errors import StoppedToResume
