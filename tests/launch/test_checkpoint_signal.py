@@ -251,6 +251,54 @@ def test_a_caught_signal_is_taken_once():
         signal.signal(signal.SIGUSR2, before)
 
 
+# A rank's first moments: until Python catches the signal its default ends the
+# rank; then MPI starts (MPICH's MPI_Init puts its own SIGUSR1 handler in front).
+NUMPY_SIGNALS_ITSELF = ('import os, signal, sys\n'
+                     'os.kill(os.getpid(), signal.SIGUSR1)\n'
+                     'sys.exit(42)\n')
+
+
+@pytest.mark.parametrize('asked', [True, False], ids=['asked', 'not asked'])
+def test_a_rank_catches_the_signal_before_its_imports(tmp_path, asked):
+    """The worker catches it before importing numpy and the config (0.3 s of a
+    rank's start): a numpy that signals its own process as it is imported finds
+    the rank alive (status 42, its exit), where a rank not asked dies of it."""
+    import json
+    import subprocess
+    from theanompi_ext.launch.worker_job import CONFIG_VAR, WORKER_MODULE
+    fake = tmp_path / 'numpy'
+    fake.mkdir()
+    (fake / '__init__.py').write_text(NUMPY_SIGNALS_ITSELF)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path)] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+    env[CONFIG_VAR] = json.dumps({'model': 'mlp', 'checkpoint_signal': 'usr1' if asked else ''})
+    r = subprocess.run([sys.executable, '-m', WORKER_MODULE], env=env, capture_output=True,
+                       text=True, timeout=60, cwd=str(tmp_path))
+    assert r.returncode == (42 if asked else -signal.SIGUSR1), r.stderr[-2000:]
+
+
+MPI_START = ('import os, signal, sys, time\n'
+             'from theanompi_ext.train import checkpoint_request as cr\n'
+             'cr.install("USR1")\n'
+             'from mpi4py import MPI\n'               # MPI_Init: MPICH's handler in front
+             'os.kill(os.getpid(), signal.SIGUSR1)\n'
+             'time.sleep(0.1)\n'
+             'print(MPI.Get_library_version().split()[0], cr.taken(), flush=True)\n')
+
+
+def test_a_signal_once_mpi_has_started_still_reaches_a_rank_that_caught_it_before():
+    """MPICH's handler passes the signal on to the one installed before MPI_Init,
+    so a signal during a rank's MPI start is not lost (Open MPI leaves it alone)."""
+    import subprocess
+    from theanompi_ext.launch.mpiexec import MPI_ENV_DEFAULTS, mpiexec_command
+    from support.procs import mpiexec
+    r = subprocess.run(mpiexec_command(1, [sys.executable, '-c', MPI_START], mpiexec=mpiexec()),
+                       env=dict(os.environ, **MPI_ENV_DEFAULTS), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[1:] == [str(int(signal.SIGUSR1))], r.stdout
+
+
 CATCHER = ('import signal, sys, time\n'
            'signal.signal(signal.SIGUSR1, lambda s, f: print("got", flush=True))\n'
            'print("ready", flush=True)\n'

@@ -15,6 +15,7 @@ the run goes on, or, with ``--on-checkpoint-signal stop``, every rank ends
 with :data:`~theanompi_ext.errors.EXIT_RESUMABLE` (75), so that a batch
 script can requeue the job with ``--resume``.
 """
+import json
 import signal
 
 #: The signals that may ask for a checkpoint. The stop signals (INT, TERM,
@@ -68,13 +69,28 @@ def install(name):
     """Catch the signal ``name`` in this process from now on (main thread only).
 
     Installed even where the signal was ignored when we started: the option
-    asks for it by name. Call it when the process starts (before it, the
-    signal would kill it) and again once MPI has started: MPICH's MPI_Init
-    takes SIGUSR1 for itself (a handler in libmpi, for hydra's notice of a
-    failed process, which our jobs do not use: hydra ends them instead);
-    Open MPI 5 leaves it alone. Both mpiexecs pass SIGUSR1/2 on to every rank.
+    asks for it by name. Call it as early as the process can (before it, the
+    signal would kill it) and again once MPI has started. MPICH's MPI_Init
+    puts a SIGUSR1 handler of its own in front (in libmpi, for hydra's notice
+    of a failed process, which our jobs do not use: hydra ends them instead).
+    That handler passes the signal on to the one installed before it, so one
+    that comes during MPI_Init still reaches us, but where nothing was
+    installed before MPI started it keeps the signal to itself. Open MPI 5
+    leaves SIGUSR1 alone. Both mpiexecs pass SIGUSR1/2 on to every rank.
     """
     signal.signal(number(name), _note)
+
+
+def install_for_json(text):
+    """:func:`install` the ``checkpoint_signal`` of a config given as JSON text
+    (a rank's environment, before the config module and numpy are imported);
+    anything missing or not valid is left to the config's validation."""
+    try:
+        name = json.loads(text or '{}').get('checkpoint_signal') or ''
+        if canonical_name(name):
+            install(name)
+    except (ValueError, AttributeError, TypeError):
+        pass
 
 
 def install_for(cfg):

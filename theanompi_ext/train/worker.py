@@ -11,10 +11,16 @@ import os
 import sys
 import time
 
-from ..files import atomic, sealed
-from . import checkpoint_request, outdir
-from .config import TrainConfig
-from .report import curves_png
+from . import checkpoint_request
+if __name__ == '__main__':
+    # A rank, started by mpiexec: catch --checkpoint-signal before the imports
+    # below (numpy, the config: 0.3 s), within which its default would kill us
+    from ..launch.worker_job import CONFIG_VAR
+    checkpoint_request.install_for_json(os.environ.get(CONFIG_VAR))
+from ..files import atomic, sealed  # noqa: E402
+from . import outdir                # noqa: E402
+from .config import TrainConfig     # noqa: E402
+from .report import curves_png      # noqa: E402
 
 
 def run(cfg, comm=None, log=print):
@@ -22,8 +28,9 @@ def run(cfg, comm=None, log=print):
     from ..collective import create_communicator
     from ..engine.open import open_on_every_rank
     cfg = cfg.validate()
-    # Again now that MPI has started (MPICH takes SIGUSR1 at its start), and before
-    # the start mark: the launcher passes the signal on only after that mark
+    # Again now that MPI has started, and before the start mark (the launcher passes
+    # the signal on only after it): MPICH's handler passes the signal on to one
+    # installed before MPI_Init, but keeps it where run() is a program's first catch
     checkpoint_request.install_for(cfg)
     comm = comm or create_communicator(cfg.backend, topology=cfg.topology)
     from .attempt import mark_started
