@@ -366,7 +366,7 @@ def test_registry_and_strategy_build_nccl():
 
 TWO_RANKS = textwrap.dedent("""
     import sys
-    sys.path.insert(0, %(tests)r)
+    sys.path[:0] = [%(tests)r, %(root)r]     # the checkout, installed or not (the GPU machine)
     from mpi4py import MPI
     from support.fakes import FakeLib, fake_cupy, FakeCupyArray
     from theanompi_ext.collective.nccl import NCCLCommunicator
@@ -406,12 +406,17 @@ def test_two_real_mpi_ranks_fail_together(tmp_path):
     if not shutil.which(mpiexec):
         pytest.skip('no mpiexec next to %s or on PATH' % sys.executable)
     script = tmp_path / 'two_ranks.py'
-    script.write_text(TWO_RANKS % {'tests': TESTS,
+    script.write_text(TWO_RANKS % {'tests': TESTS, 'root': ROOT,
                                    'out': str(tmp_path / 'out')})
     try:
+        # env: Python's view of it, not the C one. Once this process has
+        # started MPI alone (a test above), Open MPI 4's singleton has put
+        # variables in the C environment that make a child mpiexec exit 1
+        # without a word (Open MPI 4.1.6 on the GPU machine; the launcher
+        # always passes its env too).
         out = subprocess.run([mpiexec, '-n', '2', sys.executable, str(script)],
                              capture_output=True, text=True, timeout=120,
-                             start_new_session=True)
+                             start_new_session=True, env=dict(os.environ))
     except subprocess.TimeoutExpired as exc:
         pytest.fail('2-rank NCCL init check hung:\n%s\n%s' % (exc.stdout, exc.stderr))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -571,5 +576,28 @@ def test_real_nccl_allreduce_on_gpu():
         compute.synchronize()
         expect = np.arange(1 << 20, dtype=np.float32) * comm.size * 2
         np.testing.assert_allclose(cp.asnumpy(x), expect)
+    finally:
+        comm.close()
+
+
+@pytest.mark.skipif(not _PROBE[0], reason='NCCL backend unavailable here: %s' % _PROBE[1])
+@pytest.mark.parametrize('wire', ['float16', 'bfloat16'])
+def test_real_16_bit_wire_on_gpu_rounds_as_the_host_wire_does(wire):
+    """CuPy's casts around NCCL's 16-bit sum give the host wire's bits (NaN,
+    inf, float16 overflow and subnormals included); one rank: exact."""
+    import cupy as cp
+    from theanompi_ext.collective import wire as W
+    comm = NCCLCommunicator()
+    try:
+        rng = np.random.RandomState(4)
+        x = (rng.standard_normal(1 << 18) * 10.0 ** rng.randint(-7, 5, 1 << 18)).astype(np.float32)
+        x[:5] = [np.nan, np.inf, -np.inf, 7e4, 65504.0]
+        y = cp.asarray(x)
+        comm.start_allreduce(y, 'w', wire=wire).wait(sync=True)
+        want = W.decode(W.encode(x, wire), wire)
+        if comm.size == 1:
+            np.testing.assert_array_equal(cp.asnumpy(y), want)
+        else:
+            np.testing.assert_allclose(cp.asnumpy(y), want * comm.size, rtol=4e-3)
     finally:
         comm.close()

@@ -51,7 +51,7 @@ def buckets(*bounds):
             for i, (a, b, last) in enumerate(bounds)]
 
 
-def exchanger_on_fakes(plan, size=1, peers=None):
+def exchanger_on_fakes(plan, size=1, peers=None, wire='float32'):
     cp = fake_cupy()
     lib = FakeLib(log=cp.cuda.log)        # one log: stream calls and NCCL calls in order
     host = types.SimpleNamespace(comm=FakeMPIComm(size, peers or _other_gpu))
@@ -66,7 +66,8 @@ def exchanger_on_fakes(plan, size=1, peers=None):
     real = ps.cuda_get_stream_function
     ps.cuda_get_stream_function = lambda: get_stream
     try:
-        ex = nccl_exchanger(host, 'cuda0', ctx, plan, plan[-1].stop, communicator=make)
+        ex = nccl_exchanger(host, 'cuda0', ctx, plan, plan[-1].stop, communicator=make,
+                            wire=wire)
     finally:
         ps.cuda_get_stream_function = real
     assert asked == [0xC7C7]              # the context's raw pointer
@@ -108,6 +109,24 @@ def test_step_order_and_bucket_pointers():
     assert not any(e[0] in ('event_sync', 'stream_sync') for e in log)   # no host sync
     assert [h.name for h in handles] == ['bucket0', 'bucket1', 'bucket2']
     assert all(h.t_start is not None and not h.host_synced for h in handles)
+
+
+@pytest.mark.parametrize('wire', ['float16', 'bfloat16'])
+def test_a_16_bit_wire_reaches_every_bucket(wire, monkeypatch):
+    """The trainer's ``wire_dtype`` is what each bucket view is started with
+    (the device step used to drop it and send float32)."""
+    plan = buckets((0, 10, 1), (10, 25, 2))
+    ex, _, _ = exchanger_on_fakes(plan, wire=wire)
+    assert ex.wire == wire
+    seen = []
+    real = ex.comm.start_allreduce
+
+    def start(buf, name=None, **kw):
+        seen.append((buf.gpudata, name, kw))
+        return real(buf, name)            # the float32 call: the casts need a real CuPy
+    monkeypatch.setattr(ex.comm, 'start_allreduce', start)
+    ex.reduce(FakeFlatGpuArray(25))
+    assert seen == [(BASE, 'bucket0', {'wire': wire}), (BASE + 40, 'bucket1', {'wire': wire})]
 
 
 def test_drain_waits_on_the_compute_stream():

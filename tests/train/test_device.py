@@ -6,6 +6,7 @@ environment variable is set.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -168,3 +169,16 @@ def test_check_equivalence_on_device(opencl):
                   '--subset', '128')
     assert rc == 0, out
     assert 'check-equivalence: PASS' in out
+
+
+def test_a_16_bit_wire_is_sent_from_a_device(opencl):
+    """``--wire-dtype float16`` on a device: the host-staged buckets travel as
+    16 bits. The device step used to drop the option and send float32
+    (difference 6.7e-07, float32's summation order, with the option asked);
+    the float16 wire's rounding shows as ~5e-04, inside its bound 2u/(1-m)."""
+    rc, out = cli('check-equivalence', '--device', opencl, '--workers', '2', '--steps', '4',
+                  '--subset', '128', '--wire-dtype', 'float16')
+    assert rc == 0, out
+    assert 'check-equivalence: PASS' in out and 'float16 wire' in out
+    diff = float(re.search(r'max relative parameter difference: (\S+)', out).group(1))
+    assert 1e-5 < diff < 9.8e-3, out

@@ -55,8 +55,8 @@ class DeviceNCCLExchanger(KnSumExchanger):
 
     path = 'NCCL'
 
-    def __init__(self, comm, buckets, n_exchanged_entries):
-        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries)
+    def __init__(self, comm, buckets, n_exchanged_entries, wire='float32'):
+        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries, wire)
         if comm.compute_stream is None:
             raise ValueError('DeviceNCCLExchanger needs an NCCLCommunicator built with '
                              'compute_stream= (the stream the gradients are computed on)')
@@ -75,7 +75,7 @@ def cuda_ordinal(device):
 
 
 def nccl_exchanger(host_comm, device, context, buckets, n_exchanged_entries,
-                   communicator=None):
+                   communicator=None, wire='float32'):
     """A :class:`DeviceNCCLExchanger` over one NCCL communicator of all ranks.
 
     ``host_comm``: the trainer's host communicator (its mpi4py ranks are
@@ -83,7 +83,8 @@ def nccl_exchanger(host_comm, device, context, buckets, n_exchanged_entries,
     device string (``cuda0``); ``context``: its pygpu context, whose stream
     the gradients are computed on. The whole bucket plan is checked
     across ranks once, here. ``communicator``: the NCCLCommunicator class
-    (tests inject one built on fakes).
+    (tests inject one built on fakes). ``wire``: what the buckets travel as
+    (a 16-bit wire is cast on the comm stream, NCCL sums the 16-bit copy).
     """
     from ..collective.pygpu_stream import context_stream
     if communicator is None:
@@ -91,4 +92,4 @@ def nccl_exchanger(host_comm, device, context, buckets, n_exchanged_entries,
     comm = communicator(comm=getattr(host_comm, 'comm', None), device=cuda_ordinal(device),
                         compute_stream=context_stream(context))
     comm.check_plan([('bucket%d' % b.index, b.stop - b.start) for b in buckets])
-    return DeviceNCCLExchanger(comm, buckets, n_exchanged_entries)
+    return DeviceNCCLExchanger(comm, buckets, n_exchanged_entries, wire)

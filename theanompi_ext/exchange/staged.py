@@ -24,8 +24,8 @@ class HostStagedExchanger(KnSumExchanger):
 
     path = 'host-staged MPI'
 
-    def __init__(self, comm, buckets, n_exchanged_entries):
-        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries)
+    def __init__(self, comm, buckets, n_exchanged_entries, wire='float32'):
+        KnSumExchanger.__init__(self, comm, buckets, n_exchanged_entries, wire)
         self.host = np.zeros(n_exchanged_entries, np.float32)
         self._copies = []
         self.copies = []     # the last finished step's (name, t0, t1, nbytes)
@@ -40,7 +40,7 @@ class HostStagedExchanger(KnSumExchanger):
         host = self.host[b.start:b.stop]
         self._copy('d2h bucket%d' % b.index, lambda: grads[b.start:b.stop].read(host),
                    host.nbytes)
-        return self.comm.start_allreduce(host, name='bucket%d' % b.index)
+        return self.comm.start_allreduce(host, name='bucket%d' % b.index, **self._wire_kw)
 
     def finish(self, grads):
         """Wait for each started bucket and write its sum back to the device."""

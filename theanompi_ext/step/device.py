@@ -80,14 +80,18 @@ def device_parts(comm, host_params, buckets, n_exch, settings, local_scale,
     path, why = exchange_choice(exchange_path, device(), comm)
     params = DeviceParamSet(host_params)
     grads = DeviceGradients(layout)
+    wire = getattr(settings, 'wire_dtype', 'float32')
     if path == 'nccl':
         # Buckets over NCCL; comm (host) keeps the loss statistics and checks.
-        exchanger = nccl_exchanger(comm, device(), device_context(), buckets, n_exch)
+        exchanger = nccl_exchanger(comm, device(), device_context(), buckets, n_exch,
+                                   wire=wire)
     else:
-        exchanger = HostStagedExchanger(comm, buckets, n_exch)
+        exchanger = HostStagedExchanger(comm, buckets, n_exch, wire)
     opt = DeviceOptimizer(params.flat_var, settings.momentum, settings.momentum_form,
                           settings.nesterov, decay_vector(layout, params.tags,
                                                          settings.weight_decay),
                           local_scale_vector(layout.total, n_exch, local_scale))
     rule = DeviceKnRule(opt, params)
-    return params, grads, exchanger, rule, '%s on %s (%s)' % (exchanger.path, device(), why)
+    on_wire = '' if wire == 'float32' else ', %s wire' % wire
+    return params, grads, exchanger, rule, '%s on %s (%s)%s' % (exchanger.path, device(), why,
+                                                                on_wire)
