@@ -338,6 +338,14 @@ FLAT_SIZES = [640, 10] + [64] * 4 + [147456, 256, 256, 73728, 128, 128, 36864, 6
     + [1728]
 
 
+def flat_plan(scale=1):
+    """``(buckets, total)``: :data:`FLAT_SIZES` times ``scale`` planned as the
+    trainer plans them (bucket caps scaled too, so the plan keeps its shape)."""
+    from theanompi_ext.buckets.plan import plan_buckets
+    sizes = [n * scale for n in FLAT_SIZES]
+    return plan_buckets(sizes, len(sizes), 0.5 * scale, 0.05 * scale), sum(sizes)
+
+
 def flat_layout(rep, comm, cp, scale, trials):
     """Check 4: bucket views of one flat gradient buffer, as the trainer lays them out.
 
@@ -346,12 +354,9 @@ def flat_layout(rep, comm, cp, scale, trials):
     at memory speed, and only buckets of hundreds of MB take long enough
     (a fraction of a ms) for the timing to be the GPU's, not the host's.
     """
-    from theanompi_ext.buckets.plan import plan_buckets
     from theanompi_ext.collective.nccl_buffers import device_buffer
     from theanompi_ext.collective.nccl_lib import NCCL_FLOAT32, NCCL_AVG
-    sizes = [n * scale for n in FLAT_SIZES]
-    buckets = plan_buckets(sizes, len(sizes), 0.5 * scale, 0.05 * scale)
-    total = sum(sizes)
+    buckets, total = flat_plan(scale)
     src = cp.arange(total, dtype=cp.float32)
     src %= 997
     dst = cp.zeros_like(src)
@@ -442,11 +447,9 @@ def exchange_path(rep, ranks, cp, size):
     stream wait; the "update" then reads the flat buffer on the compute
     stream. The host must not block before the final synchronize.
     """
-    from theanompi_ext.buckets.plan import plan_buckets
     from theanompi_ext.collective.nccl import NCCLCommunicator
     from theanompi_ext.exchange.nccl_device import DeviceNCCLExchanger
-    buckets = plan_buckets(FLAT_SIZES, len(FLAT_SIZES), 0.5, 0.05)
-    total = sum(FLAT_SIZES)
+    buckets, total = flat_plan()
     compute = cp.cuda.Stream(non_blocking=True)
     comm = NCCLCommunicator(comm=ranks, compute_stream=compute)
     try:
@@ -533,7 +536,6 @@ def wire_checks(rep, comm, cp, n):
     that stream (or before a device synchronize), as the trainer's are.
     """
     import numpy as np
-    from theanompi_ext.buckets.plan import plan_buckets
     from theanompi_ext.exchange.nccl_device import DeviceNCCLExchanger
     x = wire_values(n)
     compute, k = comm.compute_stream, comm.size
@@ -583,9 +585,7 @@ def wire_checks(rep, comm, cp, n):
         rep.add('INFO', '%s wire, 64 MB bucket' % wire, '%.3f ms a start-to-wait (casts%s)'
                 % (t * 1e3, '' if exact else ' and the sum'))
         rep.data['wire_%s_64MB_ms' % wire] = t * 1e3
-    del big
-    buckets = plan_buckets(FLAT_SIZES, len(FLAT_SIZES), 0.5, 0.05)
-    total = sum(FLAT_SIZES)
+    buckets, total = flat_plan()
     vals = np.zeros(total, np.float32)
     for b in buckets:
         vals[b.start:b.stop] = np.float32(b.index + 1) / np.float32(3)

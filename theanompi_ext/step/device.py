@@ -80,7 +80,7 @@ def device_parts(comm, host_params, buckets, n_exch, settings, local_scale,
     path, why = exchange_choice(exchange_path, device(), comm)
     params = DeviceParamSet(host_params)
     grads = DeviceGradients(layout)
-    wire = getattr(settings, 'wire_dtype', 'float32')
+    wire = settings.wire_dtype      # checked and agreed across ranks by assemble_step
     if path == 'nccl':
         # Buckets over NCCL; comm (host) keeps the loss statistics and checks.
         exchanger = nccl_exchanger(comm, device(), device_context(), buckets, n_exch,
