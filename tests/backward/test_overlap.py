@@ -81,12 +81,14 @@ def test_bench_option_parsing():
     assert format_network(parse_network('tbf:200mbit')) == 'tbf:200mbit'
     with pytest.raises(ValueError):
         parse_network('netem:10ms')
-    assert parse_comm_thread('idle') == (0, True, None)
-    assert parse_comm_thread('nice:19') == (19, False, None)
-    assert parse_comm_thread(None) == (None, None, None)
-    assert parse_comm_thread('block') == (None, None, 0)
-    assert parse_comm_thread('poll:500') == (None, None, 500.0)
-    for bad in ('poll:0', 'poll:', 'poll:-5'):
+    assert parse_comm_thread('idle') == (0, True, None, None)
+    assert parse_comm_thread('nice:19') == (19, False, None, None)
+    assert parse_comm_thread(None) == (None, None, None, None)
+    assert parse_comm_thread('block') == (None, None, 0, None)
+    assert parse_comm_thread('poll:500') == (None, None, 500.0, None)
+    assert parse_comm_thread('no-handoff') == (None, None, None, False)
+    assert parse_comm_thread('nice:5,poll:20,handoff') == (5, False, 20.0, True)
+    for bad in ('poll:0', 'poll:', 'poll:-5', 'block,handof', ''):
         with pytest.raises(ValueError, match='poll:US'):
             parse_comm_thread(bad)
     with pytest.raises(ValueError):
@@ -165,6 +167,13 @@ def test_started_allreduce_sums_with_both_thread_waits(mpirun, k):
     assert out['0']['ok'] and out['500']['ok']
     assert 'thread wait blocking' in out['0']['describe']
     assert 'sleeps <= 500 us' in out['500']['describe']
+    for poll_us in ('0', '500'):
+        # Handed over, the transfer starts before the caller's GIL-holding
+        # code (as a compiled chunk); without, only as that code returns.
+        on, off = out[poll_us]['handoff']['True'], out[poll_us]['handoff']['False']
+        assert on['handed'] and on['start_before_hold'], out
+        assert not off['handed'] and off['start_late'] and not off['start_before_hold'], out
+        assert 'GIL handed over at start' in out[poll_us]['describe']
 
 
 # -- overlapped vs serial at 2 and 4 ranks ---------------------------------------------

@@ -138,17 +138,17 @@ def reference(model):
     return _REFS[model]
 
 
-def launched_after_backprop(trace):
-    """Steps (rank, step name) that launched no bucket (handed it to the comm
-    thread: ``ts - queued_us``) before their last backward chunk ended, and the
-    number of chunks per step.
+def started_after_backprop(trace):
+    """Steps (rank, step name) in which no bucket's transfer started before
+    their last backward chunk ended, and the number of chunks per step.
 
-    The launch is the exchanger's doing, so every step must launch early. When
-    the transfer then starts is not asked: the comm thread needs the GIL for a
-    moment to enter MPI, and a compiled chunk holds it for its whole run, so
-    with this model's 0.1 ms chunks it starts as backprop ends (measured:
-    launched 0.07-1 ms early, started after the last chunk in 11 of 12 steps).
-    Chunks that release the GIL (a device's) start it early: test_device."""
+    The exchanger launches a bucket between chunks, and the communicator
+    hands the GIL to its idle thread until the transfer has started
+    (collective/mpi.py, ``thread_handoff``): every step's first bucket must
+    be moving before backprop ends. Without the hand-off, the thread waited
+    for the GIL that a compiled chunk holds, and with this model's 0.1 ms
+    chunks the transfer started as backprop ended (measured: launched
+    0.07-1 ms early, started after the last chunk in 11 of 12 steps)."""
     from theanompi_ext.exchange import timeline as tl
     tl.check_trace(trace)
     xs = [e for e in trace['traceEvents'] if e.get('ph') == 'X']
@@ -163,7 +163,7 @@ def launched_after_backprop(trace):
         buckets = [e for e in xs if e['tid'] == tl.COMM_TID and inside(e)]
         chunks.add(len(backward))
         end = max([c['ts'] + c['dur'] for c in backward], default=t0)
-        if not buckets or min(b['ts'] - b['args']['queued_us'] for b in buckets) >= end:
+        if not buckets or min(b['ts'] for b in buckets) >= end:
             late.append((step['pid'], step['name']))
     return late, chunks
 
@@ -197,12 +197,12 @@ def check_unmodified(tmp_path, model, route, timeline=False, serial_too=True):
                                     serial[r]['params'], 1e-6)
     if timeline:
         with open(prefix + '.json') as f:
-            late, chunks = launched_after_backprop(json.load(f))
+            late, chunks = started_after_backprop(json.load(f))
         if min(chunks) < 2:
             problems.append('timeline: steps with %s backward chunk(s)' % sorted(chunks))
         if late:
-            problems.append('timeline: no bucket launched before the last backward chunk '
-                            'ended in (rank, step) %s' % late)
+            problems.append('timeline: no bucket transfer started before the last backward '
+                            'chunk ended in (rank, step) %s' % late)
     assert not problems, '%s via %s:\n%s' % (model, route, '\n'.join(problems))
 
 

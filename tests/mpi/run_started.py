@@ -11,6 +11,10 @@ the transfer on the waiting thread (forced here by holding the
 communicator's condition so the thread cannot take it), and mixed timing
 (rank 0 waits at once and runs transfers itself, the others let the thread
 run them) must still sum correctly: every rank issues them in start order.
+Starting a bucket while the thread is idle hands it the GIL (the default):
+the transfer must have started before the caller goes on into code that
+holds the GIL (a long builtin ``sum``, as a compiled Theano chunk does);
+without the hand-off it starts only as that code returns.
 Alone (k = 1) nothing travels: every handle is complete when started, so there
 is no communication thread and nothing runs inline (``n_inline`` is null).
 Rank 0 prints one JSON line.
@@ -40,6 +44,7 @@ def check(comm, k):
 def check_inline(comm, k):
     """The waiting thread runs a transfer the communication thread has not taken."""
     b = np.full(3000, comm.rank + 1.0, np.float32)
+    comm.thread_handoff = False   # it would wait for the thread this holds back
     with comm._cond:            # the thread cannot take work meanwhile
         h = comm.start_allreduce(b)
         h.wait()
@@ -67,7 +72,34 @@ def check_inline(comm, k):
         n_inline += h.ran_inline
         want = (k * (k + 1) / 2.0) * (rep + 1) + k * (np.arange(x.size) % 5)
         np.testing.assert_array_equal(x, want.astype(np.float32))
+    comm.thread_handoff = True
     return n_inline
+
+
+def hold_gil(n=3 * 10 ** 6):
+    """Run C code that keeps the GIL (no bytecode runs inside a builtin ``sum``
+    over a range); return its (start, end) ``perf_counter`` stamps."""
+    t0 = time.perf_counter()
+    sum(range(n))
+    return t0, time.perf_counter()
+
+
+def check_handoff(comm, k, handoff):
+    """When a bucket's transfer starts, against GIL-holding code right after."""
+    comm.thread_handoff = handoff
+    comm.start_allreduce(np.ones(10, np.float32)).wait()    # the thread exists and idles
+    comm.barrier()
+    b = np.full(50000, comm.rank + 1.0, np.float32)
+    h = comm.start_allreduce(b)
+    held = hold_gil()
+    h.wait()
+    np.testing.assert_array_equal(b, np.full(b.size, k * (k + 1) / 2.0, np.float32))
+    comm.thread_handoff = True
+    # (a thread waiting for the GIL gets it as the sum returns, before the
+    # caller's next stamp: "late" is past the middle of the hold)
+    return dict(start_before_hold=h.t_start < held[0],
+                start_late=h.t_start > 0.5 * (held[0] + held[1]),
+                handed=h.t_handed is not None, hold_ms=1e3 * (held[1] - held[0]))
 
 
 def check_alone(comm):
@@ -87,6 +119,8 @@ def main():
         for _ in range(3):
             check(comm, k)
         n_inline = check_inline(comm, k) if k > 1 else check_alone(comm)
+        handoff = ({str(on): check_handoff(comm, k, on) for on in (True, False)}
+                   if k > 1 else None)
         # One rank arrives 0.3 s late: what the waiting thread burns meanwhile.
         comm.barrier()
         c0 = time.process_time()
@@ -97,7 +131,7 @@ def main():
             time.sleep(0.3)
         h.wait()
         results[str(poll_us)] = dict(ok=True, cpu_s=time.process_time() - c0, n_inline=n_inline,
-                                     describe=comm.describe())
+                                     handoff=handoff, describe=comm.describe())
         comm.close()
     if comm.rank == 0:
         print(json.dumps(results))

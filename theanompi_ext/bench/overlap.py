@@ -88,7 +88,9 @@ def register(sub):
                    help="the communication thread: 'normal', 'nice:N' or 'idle' "
                         "(SCHED_IDLE) priority; 'block' (a blocking Allreduce) or 'poll:US' "
                         "(Iallreduce tested with sleeps up to US microseconds) wait; "
-                        "default: the MPI backend's defaults")
+                        "'handoff' or 'no-handoff': whether starting a bucket hands the GIL "
+                        "to the idle thread; comma-separated; default: the MPI backend's "
+                        "defaults")
     add_mpi_env_option(p)
     p.add_argument('--device', default='cpu', metavar='DEV',
                    help='device of the ranks: cpu, cuda0, opencl0:0, or one per rank '
@@ -138,7 +140,7 @@ def make_spec(args):
         raise ValueError('--steps and --reps must be >= 1')
     from ..engine.devices import parse_device_list
     device = ','.join(parse_device_list(args.device))
-    nice, idle, poll_us = parse_comm_thread(args.comm_thread)
+    nice, idle, poll_us, handoff = parse_comm_thread(args.comm_thread)
     quick = bool(args.quick)
     contracts = list(args.contract)
     for ref in contracts:
@@ -153,29 +155,34 @@ def make_spec(args):
                 batch=args.batch, steps=2 if quick else args.steps,
                 reps=2 if quick else args.reps, bucket_cap_mb=args.bucket_cap_mb,
                 first_bucket_cap_mb=args.first_bucket_cap_mb, thread_nice=nice,
-                thread_idle=idle, thread_poll_us=poll_us, comm_thread=args.comm_thread or 'default',
+                thread_idle=idle, thread_poll_us=poll_us, thread_handoff=handoff,
+                comm_thread=args.comm_thread or 'default',
                 max_chunks=args.max_chunks, timeline=args.timeline, device=device)
 
 
 def parse_comm_thread(text):
-    """'normal' | 'nice:N' | 'idle' | 'block' | 'poll:US' | None -> (thread_nice,
-    thread_idle, thread_poll_us); None (or a None entry) = the backend's default."""
-    if text is None:
-        return None, None, None
-    if text == 'normal':
-        return 0, False, None
-    if text == 'idle':
-        return 0, True, None
-    if text == 'block':
-        return None, None, 0
-    m = re.fullmatch(r'nice:(\d+)', text)
-    if m and 0 <= int(m.group(1)) <= 19:
-        return int(m.group(1)), False, None
-    m = re.fullmatch(r'poll:(\d+(\.\d+)?)', text)
-    if m and float(m.group(1)) > 0:
-        return None, None, float(m.group(1))
-    raise ValueError("--comm-thread must be 'normal', 'nice:N' (0..19), 'idle', 'block' or "
-                     "'poll:US' (US > 0), got %r" % text)
+    """The ``--comm-thread`` policies, comma-separated ('normal' | 'nice:N' | 'idle';
+    'block' | 'poll:US'; 'handoff' | 'no-handoff') or None -> (thread_nice,
+    thread_idle, thread_poll_us, thread_handoff); None = the backend's default."""
+    nice = idle = poll_us = handoff = None
+    for part in ([] if text is None else text.split(',')):
+        m_nice = re.fullmatch(r'nice:(\d+)', part)
+        m_poll = re.fullmatch(r'poll:(\d+(\.\d+)?)', part)
+        if part in ('normal', 'idle'):
+            nice, idle = 0, part == 'idle'
+        elif m_nice and 0 <= int(m_nice.group(1)) <= 19:
+            nice, idle = int(m_nice.group(1)), False
+        elif part == 'block':
+            poll_us = 0
+        elif m_poll and float(m_poll.group(1)) > 0:
+            poll_us = float(m_poll.group(1))
+        elif part in ('handoff', 'no-handoff'):
+            handoff = part == 'handoff'
+        else:
+            raise ValueError("--comm-thread takes 'normal', 'nice:N' (0..19), 'idle', 'block', "
+                             "'poll:US' (US > 0), 'handoff' or 'no-handoff', comma-separated; "
+                             "got %r" % part)
+    return nice, idle, poll_us, handoff
 
 
 def run_setting(spec, net, workers, mpi_env=(), timeout=3600.0):
@@ -258,7 +265,8 @@ def _trainer_pair(comm, name, spec, data):
 def _measure_all(spec):
     from ..collective.mpi import MPICommunicator
     comm = MPICommunicator(thread_nice=spec['thread_nice'], thread_idle=spec['thread_idle'],
-                           thread_poll_us=spec.get('thread_poll_us'))
+                           thread_poll_us=spec.get('thread_poll_us'),
+                           thread_handoff=spec.get('thread_handoff'))
     try:
         # Trainers wrap their communicator in the step watchdog; wrapping it
         # once here lets every trainer share one watchdog thread.
