@@ -12,7 +12,7 @@ Two ways to finish a started allreduce, the same on every rank (a blocking
     its polling takes CPU only when compute leaves the core idle.
     Starting a buffer while the thread is idle hands it the GIL until it
     has taken the buffer (``thread_handoff``): otherwise it would wait for
-    the GIL until the caller's next compiled chunk returns.
+    a core and the GIL while the caller's next compiled chunk runs.
     A ``wait()`` on a buffer the thread has not taken yet (it is next in
     line and the thread is idle) runs the transfer on the waiting thread
     instead: waking the thread costs 20-90 us on a machine whose cores the
@@ -62,13 +62,13 @@ DEFAULT_THREAD_IDLE = False
 #: ResNet-20 at 200 Mbit/s, so blocking stays the default; the tested mode
 #: suits compute that releases the GIL.
 DEFAULT_THREAD_POLL_US = 0
-#: Whether ``start_allreduce`` hands the GIL to an idle communication
-#: thread until that thread has taken the bucket (and so is about to enter
-#: MPI, which releases the GIL). Without it the thread, woken while the
-#: caller goes on into the next compiled backward chunk, waits for the GIL
-#: until that chunk returns and CPython's switch interval (5 ms) has passed:
-#: a model of sub-millisecond chunks then starts its transfers only as
-#: backprop ends (docs/overlap.md, "When a launched bucket starts moving").
+#: Whether ``start_allreduce`` hands the GIL (and its core) to an idle
+#: communication thread until that thread has taken the bucket (and so is
+#: about to enter MPI, which releases the GIL). Without it the thread, woken
+#: while the caller goes on into the next compiled backward chunk, waits for
+#: a core and for the GIL, which a chunk without BLAS calls keeps until it
+#: returns: a model of sub-millisecond chunks then starts its transfers only
+#: as backprop ends (docs/overlap.md, "When a launched bucket starts moving").
 #: The cost is one thread wake-up (tens of us) per bucket started while the
 #: thread is idle; a bucket started while a transfer runs is not waited for.
 #: Measured (ResNet-20 at 200 Mbit/s, 2 ranks): such a bucket's start delay
