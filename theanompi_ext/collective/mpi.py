@@ -213,8 +213,9 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
         """Block (without the GIL) until the thread has taken ``handle``.
 
         The thread then holds the GIL only until its MPI call releases it,
-        so the transfer starts now rather than when the caller's next
-        compiled chunk returns. Gives up if the thread has died.
+        so the transfer starts now, not whenever the thread finds a core and
+        the GIL while the caller's next compiled chunk runs. Gives up if the
+        thread has died.
         """
         lock = handle._untaken
         while not lock.acquire(timeout=_HANDOFF_CHECK_S):
