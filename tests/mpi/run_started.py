@@ -44,7 +44,8 @@ def check(comm, k):
 def check_inline(comm, k):
     """The waiting thread runs a transfer the communication thread has not taken."""
     b = np.full(3000, comm.rank + 1.0, np.float32)
-    comm.thread_handoff = False   # it would wait for the thread this holds back
+    handoff, comm.thread_handoff = comm.thread_handoff, False   # it would wait for the
+    # thread that holding the condition keeps back
     with comm._cond:            # the thread cannot take work meanwhile
         h = comm.start_allreduce(b)
         h.wait()
@@ -72,7 +73,7 @@ def check_inline(comm, k):
         n_inline += h.ran_inline
         want = (k * (k + 1) / 2.0) * (rep + 1) + k * (np.arange(x.size) % 5)
         np.testing.assert_array_equal(x, want.astype(np.float32))
-    comm.thread_handoff = True
+    comm.thread_handoff = handoff
     return n_inline
 
 
@@ -86,7 +87,7 @@ def hold_gil(n=3 * 10 ** 6):
 
 def check_handoff(comm, k, handoff):
     """When a bucket's transfer starts, against GIL-holding code right after."""
-    comm.thread_handoff = handoff
+    before, comm.thread_handoff = comm.thread_handoff, handoff
     comm.start_allreduce(np.ones(10, np.float32)).wait()    # the thread exists and idles
     comm.barrier()
     b = np.full(50000, comm.rank + 1.0, np.float32)
@@ -94,7 +95,7 @@ def check_handoff(comm, k, handoff):
     held = hold_gil()
     h.wait()
     np.testing.assert_array_equal(b, np.full(b.size, k * (k + 1) / 2.0, np.float32))
-    comm.thread_handoff = True
+    comm.thread_handoff = before
     # (a thread waiting for the GIL gets it as the sum returns, before the
     # caller's next stamp: "late" is past the middle of the hold)
     return dict(start_before_hold=h.t_start < held[0],

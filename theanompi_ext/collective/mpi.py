@@ -292,8 +292,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
     def describe(self):
         wait = ('tests + sleeps <= %g us' % self.thread_poll_us if self.thread_poll_us
                 else 'blocking')
-        if self.progress == 'thread':
-            wait += ', GIL handed over at start' if self.thread_handoff else ''
+        if self.progress == 'thread' and self.thread_handoff:
+            wait += ', GIL handed over at start'
         topo = self._two.describe() if self._two is not None else 'flat'
         return 'mpi rank %d/%d (%s, progress=%s, thread wait %s, 16-bit wires by %s, %s)' % (
             self.rank, self.size, library_version(), self.progress, wait, self.wire_method,
