@@ -164,6 +164,12 @@ class DeviceErrorOnRanks(AllRanks, DeviceError):
     """A device failed on some ranks; every rank raises this (after agreeing)."""
 
 
+class CompilerProbeFailed(RuntimeError):
+    """Theano's import found no C++ compiler although one is on PATH (its probe
+    ``g++ -v`` failed): this process would run Theano's Python implementations,
+    slower and with other roundings than the ranks that found it (exit status 3)."""
+
+
 class WireOverflow(ArithmeticError):
     """An exchanged bucket holds inf or nan after a 16-bit wire cast."""
 

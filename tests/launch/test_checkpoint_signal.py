@@ -240,15 +240,102 @@ def test_signals_that_cannot_ask_for_a_checkpoint(given):
 
 def test_a_caught_signal_is_taken_once():
     before = signal.getsignal(signal.SIGUSR2)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
         checkpoint_request.install('USR2')
+        assert signal.SIGUSR2 in signal.pthread_sigmask(signal.SIG_BLOCK, [])   # held back
         assert checkpoint_request.taken() is None
         os.kill(os.getpid(), signal.SIGUSR2)
         os.kill(os.getpid(), signal.SIGUSR2)     # two before a step: one checkpoint
         assert checkpoint_request.taken() == signal.SIGUSR2
         assert checkpoint_request.taken() is None
+        assert signal.SIGUSR2 not in signal.sigpending()
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        checkpoint_request._held.discard(signal.SIGUSR2)
         signal.signal(signal.SIGUSR2, before)
+
+
+# A process that asked for the signal starts a child (as Theano's import runs
+# `g++ -v`), then its whole process group gets the signal, as mpiexec (hydra)
+# and schedulers send it. HOW is 'held' (our install) or 'caught' (a handler alone).
+CHILD_IN_GROUP = ('import os, signal, subprocess, sys\n'
+                  'from theanompi_ext.train import checkpoint_request as cr\n'
+                  'if sys.argv[1] == "held":\n'
+                  '    cr.install("USR1")\n'
+                  'else:\n'
+                  '    signal.signal(signal.SIGUSR1, lambda s, f: None)\n'
+                  'child = subprocess.Popen(["sleep", "1"])\n'
+                  'os.killpg(0, signal.SIGUSR1)\n'
+                  'print(child.wait(), cr.taken(), flush=True)\n')
+
+
+@pytest.mark.parametrize('how', ['held', 'caught'])
+def test_a_signal_to_the_process_group_spares_the_children(how):
+    """Held back, the signal reaches the process (its next step takes it) and not
+    its children, which inherit it blocked; caught by a handler alone, as before,
+    it killed the child (Theano's compiler probe: a rank without C code)."""
+    import subprocess
+    r = subprocess.run([sys.executable, '-c', CHILD_IN_GROUP, how], capture_output=True,
+                       text=True, timeout=60, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    child_rc, taken = r.stdout.split()
+    if how == 'held':
+        assert (int(child_rc), taken) == (0, str(int(signal.SIGUSR1))), r.stdout
+    else:
+        assert int(child_rc) == -signal.SIGUSR1, r.stdout
+
+
+RANK_WITH_CHILD = ('import os, signal, subprocess, sys, time\n'
+                   'from theanompi_ext.train import checkpoint_request as cr\n'
+                   'cr.install("USR1")\n'
+                   'from mpi4py import MPI\n'
+                   'child = subprocess.Popen(["sleep", "3"])\n'
+                   'open(os.path.join(sys.argv[1], "ready%d" % MPI.COMM_WORLD.rank), "w").close()\n'
+                   'rc = child.wait()\n'
+                   'print(MPI.COMM_WORLD.rank, rc, cr.taken(), flush=True)\n')
+
+
+def test_mpiexec_passes_the_signal_on_to_the_ranks_and_not_to_their_children(tmp_path):
+    """SIGUSR1 to mpiexec reaches both ranks, whose children (started before it
+    came, alive while it comes) go on to their end."""
+    from theanompi_ext.launch.mpiexec import MPI_ENV_DEFAULTS, mpiexec_command
+    from support.procs import mpiexec
+    job = Job(mpiexec_command(2, [sys.executable, '-c', RANK_WITH_CHILD, str(tmp_path)],
+                              mpiexec=mpiexec()), tmp_path, env=MPI_ENV_DEFAULTS)
+    rc = signal_once(job, lambda: all((tmp_path / ('ready%d' % r)).exists() for r in (0, 1)),
+                     'both ranks and their children', job.proc.pid, signal.SIGUSR1)
+    assert rc == 0, job.err()[-3000:]
+    lines = sorted(job.out().split('\n'))
+    assert [line.split() for line in lines if line] == [
+        [str(r), '0', str(int(signal.SIGUSR1))] for r in (0, 1)], job.out()
+
+
+HELD_THEN_FORWARDED = ('import os, signal\n'
+                       'from theanompi_ext.train import checkpoint_request as cr\n'
+                       'from theanompi_ext.train.cli import forwarded_checkpoint_signal\n'
+                       'from theanompi_ext.train.config import TrainConfig\n'
+                       'cr.install("USR1")\n'
+                       'os.kill(os.getpid(), signal.SIGUSR1)\n'   # early: held back
+                       'fwd = forwarded_checkpoint_signal(TrainConfig(checkpoint_signal="USR1"))\n'
+                       'blocked = lambda: signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, [])\n'
+                       'print(fwd.pending, blocked(), flush=True)\n'
+                       'fwd.pending = False\n'
+                       'os.kill(os.getpid(), signal.SIGUSR1)\n'   # now caught by the launcher
+                       'print(fwd.pending, flush=True)\n'
+                       'fwd.restore()\n'
+                       'print(blocked(), cr.taken(), flush=True)\n')
+
+
+def test_the_launcher_takes_a_held_request_and_lets_mpiexec_have_the_signal():
+    """A request held back before the launcher's forwarding starts is passed on, and
+    while it forwards the launcher does not hold the signal back (mpiexec, which
+    it starts, must not inherit it blocked); after, it is held again."""
+    import subprocess
+    r = subprocess.run([sys.executable, '-c', HELD_THEN_FORWARDED], capture_output=True,
+                       text=True, timeout=60, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split('\n')[:3] == ['True False', 'True', 'True None'], r.stdout
 
 
 # A rank's first moments: until Python catches the signal its default ends the

@@ -68,8 +68,32 @@ def _configure_and_import():
         import theano.tensor.nnet  # noqa: F401  (conv2d, softmax)
         import theano.tensor.signal.pool  # noqa: F401
     _stable_cache_keys(_theano)
+    _check_compiler(_theano)
     _check_device(_theano)
     return _theano, _T
+
+
+def _check_compiler(theano_module):
+    """Raise CompilerProbeFailed where Theano's import decided on no C++ compiler
+    though the user did not ask for none and ``g++`` is on PATH.
+
+    Theano runs ``g++ -v`` once at import and, if that fails for any reason (a
+    signal to the process group killed it, a full process table), quietly
+    falls back to its Python implementations for the whole process: one rank
+    then computes slower and with other roundings than the rest.
+    """
+    import shutil
+    config = theano_module.config
+    if config.cxx or not type(config).cxx.is_default:
+        return
+    gxx = shutil.which('g++')
+    if gxx:
+        from ..errors import CompilerProbeFailed
+        raise CompilerProbeFailed(
+            "Theano's import found no C++ compiler, though %s is there: its probe "
+            "(`g++ -v`) failed in this process (pid %d), which would run Theano's slow "
+            "Python implementations, with other roundings than the other ranks. Run it "
+            "again; to run without C code on purpose, set THEANO_FLAGS=cxx=" % (gxx, os.getpid()))
 
 
 def _stable_cache_keys(theano_module):

@@ -27,18 +27,26 @@ class ForwardedSignal(object):
         self.pending = False      # received, not yet passed on
         self.forwarded = 0        # how many were passed on
         self._old = self._NOT_INSTALLED
+        self._was_blocked = False
         self._thread = None
         self._done = None
 
     def install(self):
-        """Catch the signal from now on (main thread)."""
+        """Catch the signal from now on (main thread), also where this process held
+        it back (``train/checkpoint_request.install``): one held back meanwhile is
+        caught now, and mpiexec, started after, must not inherit it blocked."""
         self._old = signal.signal(self.signum, self._caught)
+        self._was_blocked = self.signum in signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {self.signum})
         return self
 
     def restore(self):
-        """Put back the handler :meth:`install` replaced."""
+        """Put back the handler :meth:`install` replaced (and the signal held back
+        again where it was)."""
         if self._old is not self._NOT_INSTALLED:
             # (None: a handler not set from Python, e.g. by C code: the default)
+            if self._was_blocked:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {self.signum})
             signal.signal(self.signum, signal.SIG_DFL if self._old is None else self._old)
             self._old = self._NOT_INSTALLED
 

@@ -6,11 +6,20 @@ limit, LSF's warning action a signal of the user's choice. A job that then
 writes a checkpoint at once loses nothing but those minutes, whatever its
 ``--checkpoint-every``.
 
-Each rank catches the signal (:func:`install`) and only notes it; the
+Each rank holds the signal back (:func:`install`) and only notes it; the
 trainer's per-step agreement ORs every rank's note (:func:`taken`), so all
 ranks write the same iteration's checkpoint whichever of them the signal
 reached (the launcher forwards it through mpiexec, which hands it to every
-rank; a scheduler may send it to every rank itself). After the checkpoint
+rank; a scheduler may send it to every rank itself).
+
+Held back, not only caught: mpiexec (MPICH's hydra, measured) sends it to
+each rank's whole process group, and so does a scheduler that signals every
+process of a job. A rank's children (Theano's ``g++ -v`` probe at import,
+its compiles) do not inherit a Python handler, so a caught signal killed
+them: the probe's death left one rank without C implementations (other
+numerics, silently; seen as a resumed run that differed in the last bits).
+A blocked signal is inherited blocked, so they never see it; the rank reads
+it from its pending set at the next step. After the checkpoint
 the run goes on, or, with ``--on-checkpoint-signal stop``, every rank ends
 with :data:`~theanompi_ext.errors.EXIT_RESUMABLE` (75), so that a batch
 script can requeue the job with ``--resume``.
@@ -58,6 +67,7 @@ class _Notes(object):
 
 
 _notes = _Notes()
+_held = set()      # the signals install() blocks in this process
 
 
 def _note(signum, frame):
@@ -66,7 +76,11 @@ def _note(signum, frame):
 
 
 def install(name):
-    """Catch the signal ``name`` in this process from now on (main thread only).
+    """Catch and hold back the signal ``name`` in this process from now on (main
+    thread only): it stays pending until :func:`taken` reads it, and the
+    processes this one starts inherit it blocked (they must not die of it).
+    The handler stays as well, for a thread started before (one that does not
+    block it may be the one the signal is delivered to).
 
     Installed even where the signal was ignored when we started: the option
     asks for it by name. Call it as early as the process can (before it, the
@@ -77,8 +91,13 @@ def install(name):
     that comes during MPI_Init still reaches us, but where nothing was
     installed before MPI started it keeps the signal to itself. Open MPI 5
     leaves SIGUSR1 alone. Both mpiexecs pass SIGUSR1/2 on to every rank.
+    (Blocked, the signal reaches neither handler: it waits to be taken.)
     """
-    signal.signal(number(name), _note)
+    signum = number(name)
+    signal.signal(signum, _note)
+    if hasattr(signal, 'pthread_sigmask'):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        _held.add(signum)
 
 
 def install_for_json(text):
@@ -106,5 +125,21 @@ def install_for(cfg):
 def taken():
     """The number of the signal received since the last call (None: none), cleared."""
     signum, _notes.signum = _notes.signum, None
+    # (only while blocked: the launcher's ForwardedSignal unblocks it to pass it on)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, []) if _held else ()
+    for held in sorted(_held & set(blocked)):
+        if _take_pending(held):
+            signum = signum or signal.Signals(held)
     return signum
+
+
+def _take_pending(signum):
+    """Whether ``signum`` was pending (blocked, not yet delivered); cleared."""
+    if hasattr(signal, 'sigtimedwait'):      # Linux
+        return signal.sigtimedwait({signum}, 0) is not None
+    if signum in signal.sigpending():        # macOS: no sigtimedwait; pending, so no wait
+        signal.sigwait({signum})
+        return True
+    return False
+
 

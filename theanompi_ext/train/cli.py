@@ -211,6 +211,7 @@ def forwarded_checkpoint_signal(cfg):
         return None
     from ..launch.forwarded_signal import ForwardedSignal
     from .checkpoint_request import number, taken
+    early = taken() is not None       # before install() unblocks it: one held back
     forward = ForwardedSignal(number(cfg.checkpoint_signal)).install()
-    forward.pending = taken() is not None
+    forward.pending = forward.pending or early
     return forward
