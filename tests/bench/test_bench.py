@@ -178,10 +178,27 @@ QUICK_COMPARE = ('compare', '--quick', '--wire-dtype', 'float32,float16', '--ddp
     sum((('--mpi-env', '%s=%s' % kv) for kv in sorted(QUICK_ENV.items())), ())
 
 
+def logging_python(folder, flags=''):
+    """A script that runs this Python (with ``flags``) after writing its arguments
+    to ``folder/calls``: another interpreter, for ``--ddp-python``."""
+    path = folder / 'python'
+    path.write_text('#!/bin/sh\necho "$@" >> %s\nexec %s %s "$@"\n'
+                    % (folder / 'calls', sys.executable, flags))
+    path.chmod(0o755)
+    return path
+
+
 @pytest.fixture(scope='module')
 def quick_compare(tmp_path_factory):
-    """(rows, finished process) of ``bench`` :data:`QUICK_COMPARE`."""
-    return run_bench_process(tmp_path_factory.mktemp('compare'), *QUICK_COMPARE, timeout=400)
+    """(rows, finished process) of ``bench`` :data:`QUICK_COMPARE`, DDP run by
+    another interpreter's path (:func:`logging_python`: its calls in ``res.calls``)."""
+    tmp = tmp_path_factory.mktemp('compare')
+    python = logging_python(tmp)
+    rows, res = run_bench_process(tmp, *QUICK_COMPARE + ('--ddp-python', str(python)),
+                                  timeout=400)
+    calls = tmp / 'calls'
+    res.calls = calls.read_text().splitlines() if calls.exists() else []
+    return rows, res
 
 
 def test_compare_quick_writes_json(quick_compare):
@@ -211,6 +228,10 @@ def test_compare_quick_writes_json(quick_compare):
     if HAVE_TORCH:
         assert 'targets vs pytorch/ddp-gloo' in stdout
         assert 'skipping PyTorch DDP' not in res.stderr
+        # --ddp-python ran DDP's ranks (2 ranks x 2 systems) and nothing of ours
+        workers = [c for c in res.calls if 'theanompi_ext.bench.ddp_worker' in c]
+        assert len(workers) == 4 and res.calls[0] == '-c import torch.distributed', res.calls
+        assert not [c for c in res.calls if 'compare_rank' in c], res.calls
     else:
         # Without the [bench] extra: status 0 (checked above), our two exchangers
         # measured, and one line saying why DDP was left out and how to add it.
@@ -220,6 +241,15 @@ def test_compare_quick_writes_json(quick_compare):
         assert 'pytorch/ddp' not in stdout
     assert 'target float16 exchange time / float32: x' in stdout
     assert 'target theanompi_ext/ar-overlap-fp16: step over max(compute, allreduce)' in stdout
+
+
+def test_a_ddp_python_without_torch_is_named_and_ddp_left_out(tmp_path):
+    from theanompi_ext.bench.ddp_worker import torch_problem
+    python = logging_python(tmp_path, '-S')       # no site-packages: no torch
+    assert torch_problem(str(python)).startswith(
+        '--ddp-python %s cannot import torch.distributed (ModuleNotFoundError: ' % python)
+    missing = tmp_path / 'no-such-python'
+    assert torch_problem(str(missing)).startswith('--ddp-python %s cannot run (' % missing)
 
 
 def assert_new_targets_from_times(ours):
@@ -396,12 +426,12 @@ def test_compare_without_torch_skips_ddp(tmp_path, monkeypatch, capsys):
             compute=t, compute_chunked=t, serial=[[1.5], [1.5]], overlap=[[1.2], [1.2]],
             allreduce=[[0.4], [0.4]], grad_bytes=8, params=2, buckets=1, chunks=1, ranks=2)],
             {})
-    monkeypatch.setattr(ddp_worker, 'torch_problem', lambda: 'PyTorch is not installed')
+    monkeypatch.setattr(ddp_worker, 'torch_problem', lambda python=None: 'PyTorch is not installed')
     monkeypatch.setattr(compare, 'run_setting', fake_setting)
     out = tmp_path / 'rows.json'
     args = build_parser().parse_args(['bench', 'compare', '--quick', '--json', str(out)])
     assert args.func(args) == 0
-    assert seen['ddp'] is False
+    assert seen['ddp'] is None
     assert 'skipping PyTorch DDP' in capsys.readouterr().err
     rows = json.loads(out.read_text())
     assert [r['system'] for r in rows] == list(compare_systems.SYSTEMS[:2])

@@ -61,8 +61,9 @@ def rank_main(spec_path, measure):
     return guarded(run)
 
 
-def run_job(module, spec, net, ranks, timeout, env_extra=None):
-    """Run ``python -m module SPEC.json`` on ``ranks`` MPI ranks in network ``net``.
+def run_job(module, spec, net, ranks, timeout, env_extra=None, python=None):
+    """Run ``python -m module SPEC.json`` on ``ranks`` MPI ranks in network ``net``
+    (``python``: the interpreter's path; None: this one).
 
     ``net`` is a parsed network (see
     :func:`theanompi_ext.launch.emulated_network.parse_network`; on
@@ -82,7 +83,7 @@ def run_job(module, spec, net, ranks, timeout, env_extra=None):
         spec = dict(spec, out=os.path.join(tmp, 'result.json'), network=format_network(net))
         path = os.path.join(tmp, 'spec.json')
         write_json(path, spec, 'the job spec')
-        argv = [sys.executable, '-u', '-m', module, path]
+        argv = [python or sys.executable, '-u', '-m', module, path]
         if net[0] == 'hosts':
             from ..launch.emulated_hosts import run_on_hosts
             status = run_on_hosts(argv, net, env, timeout)

@@ -133,6 +133,10 @@ def register(sub):
     add_mpi_env_option(p)
     p.add_argument('--no-ddp', action='store_true',
                    help='measure only this project, not PyTorch DDP')
+    p.add_argument('--ddp-python', default='', metavar='PATH',
+                   help='the Python interpreter that runs DDP (empty: this one): where '
+                        "PyTorch lives in another environment than the pinned Theano stack; "
+                        'it gets this checkout on its PYTHONPATH')
     p.add_argument('--quick', action='store_true',
                    help='tiny model (digits_cnn on 8x8 inputs, batch 8), 1 job, few steps')
     add_common_options(p, '1gbit', 3600.0, json_help='write one object per system and setting to FILE', timeout_what='one job')
@@ -154,10 +158,11 @@ def main(args):
     except ValueError as exc:
         say('theanompi-ext bench compare: error: %s\n' % exc)
         return EXIT_BAD_INPUT
-    ddp = not args.no_ddp
-    if ddp and torch_problem():
-        say('theanompi-ext bench compare: %s; skipping PyTorch DDP\n' % torch_problem())
-        ddp = False
+    ddp = None if args.no_ddp else (args.ddp_python or sys.executable)   # its interpreter
+    problem = ddp and torch_problem(ddp)
+    if problem:
+        say('theanompi-ext bench compare: %s; skipping PyTorch DDP\n' % problem)
+        ddp = None
     rows, status = [], EXIT_OK
     for net in networks:
         for model in spec['models']:
@@ -225,7 +230,8 @@ def parse_wire_dtypes(text):
 
 
 def run_setting(spec, model, net, ranks, ddp, timeout):
-    """All jobs of one (network, model) setting; returns its result rows."""
+    """All jobs of one (network, model) setting; returns its result rows (``ddp``:
+    the interpreter that runs DDP, None: no DDP)."""
     spec = dict(spec, model=model, model_spec=MODEL_SPECS[model])
     ours = []
     theirs = {(cap, hook): [] for cap in spec['ddp_bucket_caps_mb']
@@ -237,6 +243,10 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
     threads = {v: str(spec['threads'])
                for v in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')}
     ddp_env = dict(threads, **ddp_rendezvous(net))
+    if ddp and ddp != sys.executable:
+        from .ddp_worker import package_path
+        ddp_env['PYTHONPATH'] = os.pathsep.join(
+            [package_path()] + [p for p in [os.environ.get('PYTHONPATH')] if p])
     if net[0] == 'hosts':
         h, r, _ = hosts_layout(net)
         ranks = h * r
@@ -252,7 +262,7 @@ def run_setting(spec, model, net, ranks, ddp, timeout):
                     theirs[cap, hook].append(run_job(
                         'theanompi_ext.bench.ddp_worker',
                         dict(spec, port=free_port(), ddp_bucket_cap_mb=cap,
-                             ddp_comm_hook=hook), net, ranks, timeout, ddp_env))
+                             ddp_comm_hook=hook), net, ranks, timeout, ddp_env, python=ddp))
     rows = summarize(model, format_network(net), spec, ours, theirs)
     # The machine may be shared: say how busy it was around the measurement.
     for r in rows:

@@ -46,13 +46,31 @@ from ..files.atomic import write_json
 MODES = ('compute', 'serial', 'full', 'allreduce')
 
 
-def torch_problem():
-    """Why PyTorch cannot be used here, or None."""
-    import importlib.util
-    if importlib.util.find_spec('torch') is None:
-        return ("PyTorch is not installed (pip install 'theanompi_ext[bench]', "
-                'which pins torch==2.13.0)')
+def torch_problem(python=None):
+    """Why PyTorch cannot be used here, or by the interpreter ``python`` (a path;
+    None: this one), or None."""
+    if python is None or python == sys.executable:
+        import importlib.util
+        if importlib.util.find_spec('torch') is None:
+            return ("PyTorch is not installed (pip install 'theanompi_ext[bench]', "
+                    'which pins torch==2.13.0)')
+        return None
+    import subprocess
+    try:
+        r = subprocess.run([python, '-c', 'import torch.distributed'], capture_output=True,
+                           text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return '--ddp-python %s cannot run (%s)' % (python, exc)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ['exit status %d' % r.returncode])[-1]
+        return '--ddp-python %s cannot import torch.distributed (%s)' % (python, last)
     return None
+
+
+def package_path():
+    """The folder that holds the ``theanompi_ext`` package (for another
+    interpreter's ``PYTHONPATH``: ``--ddp-python``)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_resnet(depth=20, width=16, n_classes=10, in_channels=3, seed=0):
