@@ -12,8 +12,8 @@ ranks write the same iteration's checkpoint whichever of them the signal
 reached (the launcher forwards it through mpiexec, which hands it to every
 rank; a scheduler may send it to every rank itself).
 
-Held back, not only caught: mpiexec (MPICH's hydra, measured) sends it to
-each rank's whole process group, and so does a scheduler that signals every
+Held back, not only caught: mpiexec (MPICH's hydra and Open MPI's, both
+measured) sends it to each rank's whole process group, and so does a scheduler that signals every
 process of a job. A rank's children (Theano's ``g++ -v`` probe at import,
 its compiles) do not inherit a Python handler, so a caught signal killed
 them: the probe's death left one rank without C implementations (other
