@@ -13,8 +13,8 @@ reached (the launcher forwards it through mpiexec, which hands it to every
 rank; a scheduler may send it to every rank itself).
 
 Held back, not only caught: mpiexec (MPICH's hydra and Open MPI's, both
-measured) sends it to each rank's whole process group, and so does a scheduler that signals every
-process of a job. A rank's children (Theano's ``g++ -v`` probe at import,
+measured) sends it to each rank's whole process group, and so does a
+scheduler that signals every process of a job. A rank's children (Theano's ``g++ -v`` probe at import,
 its compiles) do not inherit a Python handler, so a caught signal killed
 them: the probe's death left one rank without C implementations (other
 numerics, silently; seen as a resumed run that differed in the last bits).
@@ -95,9 +95,8 @@ def install(name):
     """
     signum = number(name)
     signal.signal(signum, _note)
-    if hasattr(signal, 'pthread_sigmask'):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
-        _held.add(signum)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    _held.add(signum)
 
 
 def install_for_json(text):
@@ -125,21 +124,18 @@ def install_for(cfg):
 def taken():
     """The number of the signal received since the last call (None: none), cleared."""
     signum, _notes.signum = _notes.signum, None
-    # (only while blocked: the launcher's ForwardedSignal unblocks it to pass it on)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, []) if _held else ()
-    for held in sorted(_held & set(blocked)):
-        if _take_pending(held):
-            signum = signum or signal.Signals(held)
+    # pending means blocked (the launcher's ForwardedSignal unblocks it to pass it on)
+    for held in sorted(_held & signal.sigpending()) if _held else ():
+        _clear_pending(held)
+        signum = signum or signal.Signals(held)
     return signum
 
 
-def _take_pending(signum):
-    """Whether ``signum`` was pending (blocked, not yet delivered); cleared."""
+def _clear_pending(signum):
+    """Take the pending ``signum`` (it is pending: neither call waits)."""
     if hasattr(signal, 'sigtimedwait'):      # Linux
-        return signal.sigtimedwait({signum}, 0) is not None
-    if signum in signal.sigpending():        # macOS: no sigtimedwait; pending, so no wait
+        signal.sigtimedwait({signum}, 0)
+    else:                                    # macOS has no sigtimedwait
         signal.sigwait({signum})
-        return True
-    return False
 
 
