@@ -109,11 +109,11 @@ class StoppedToResume(AllRanks, Exception):
     """Every rank stopped, as asked, after the checkpoint a signal asked for
     (exit status 75); ``signum`` and ``iteration`` say which and where."""
 
-    def __init__(self, signum, iteration, path):
+    def __init__(self, signum, iteration, path, how='--resume'):
         self.signum, self.iteration, self.path = signum, iteration, path
         Exception.__init__(self, 'stopped by %s after the checkpoint of iteration %d (%s): '
-                           'continue with --resume' % (signal.Signals(signum).name,
-                                                       iteration, path))
+                           'continue with %s' % (signal.Signals(signum).name,
+                                                 iteration, path, how))
 
 
 class CheckpointError(AllRanks, BadInput):

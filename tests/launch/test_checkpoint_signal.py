@@ -20,23 +20,13 @@ from theanompi_ext.train import checkpoint, checkpoint_request
 from theanompi_ext.train.attempt import START_NAME
 from theanompi_ext.train.restarts import LOG_NAME
 
-from support.jobs import Job, good_checkpoint, wait_for
+from support.jobs import Job, catches, good_checkpoint, wait_for
 
 CLI = [sys.executable, '-m', 'theanompi_ext']
 # about 2,700 steps of 2 ranks: a few seconds, long enough to be signalled mid-run
 RUN = ['train', '--workers', '2', '--model', 'mlp', '--batch-per-worker', '8',
        '--epochs', '30', '--warmup', 'none', '--decay-epochs', '20', '--eval-every', '1000']
 ITERATIONS = 30 * 89
-
-
-def catches(pid, sig):
-    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask)."""
-    try:
-        with open('/proc/%d/status' % pid) as f:
-            mask = next(line for line in f if line.startswith('SigCgt:')).split()[1]
-    except (OSError, StopIteration):
-        return False
-    return bool(int(mask, 16) >> (int(sig) - 1) & 1)
 
 
 def rank_pid(job, rank):

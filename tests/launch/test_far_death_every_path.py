@@ -3,7 +3,8 @@
 ``check-equivalence --hostfile``, ``trials --hostfile`` and a Theano-MPI session
 whose DEVICES name two hosts, each on 2 emulated hosts x 1 rank, rank 1 (on
 tmxh1) SIGKILLed after its first iteration (the one-host case:
-test_exit_noise_every_path.py). Each: the status, and the launcher's last line
+test_exit_noise_every_path.py). And that session stopped after the checkpoint
+its CHECKPOINT_SIGNAL asked for. Each: the status, and the launcher's last line
 naming rank 1 of 2 on tmxh1 (launch/postmortem.run_explained) with no hydra
 trail after it, and no process left on any host (the hub's mpiexec, each host's
 proxy or daemon and ranks) within a bound. One set of emulated hosts for the
@@ -23,6 +24,7 @@ import pytest
 from support.every_path import (CHECK_EQUIVALENCE, KILL_RANK_1, last_lines, no_trail,
                                 reported, session_argv, trials_argv)
 from support.hosts import emulated_hosts, everything_gone
+from support.jobs import catches
 from support.paths import root_on_path
 
 pytestmark = pytest.mark.root
@@ -121,3 +123,49 @@ def test_theanompi_session(eh, tmp_path):
     assert r.returncode == _far_died(line, r.stdout + r.stderr), r.stdout + r.stderr[-3000:]
     reported(r.stdout + r.stderr, *LOST)
     no_trail(r.stdout + r.stderr)
+
+
+def test_theanompi_session_checkpoint_signal(eh, tmp_path):
+    """Not a death: the session's ``CHECKPOINT_SIGNAL=USR1``, ``ON_CHECKPOINT_SIGNAL=stop``
+    across the two hosts. SIGUSR1 to tmxlauncher as soon as it catches it: held in the
+    job process until both ranks have joined, passed on through mpiexec and the far
+    proxy; both ranks write the checkpoint of the same iteration and end with 75,
+    nothing left on any host, and the checkpoint is whole."""
+    from theanompi_ext.theanompi_compat.resume import read_position
+    from theanompi_ext.train import checkpoint
+    argv = session_argv(tmp_path, '("tmxh0:cpu0" "tmxh1:cpu0")')
+    out = tmp_path / 'out'
+    with open(argv[1].split('=', 1)[1], 'a') as fh:
+        fh.write('OUT=%s\nCHECKPOINT_SIGNAL=USR1\nON_CHECKPOINT_SIGNAL=stop\n' % out)
+    proc = subprocess.Popen([sys.executable, '-m'] + argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                            env=eh.env(root_on_path()), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not catches(proc.pid, signal.SIGUSR1) and proc.poll() is None:
+            assert time.monotonic() < deadline, 'tmxlauncher did not catch SIGUSR1'
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGUSR1)
+        out_text, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out_text, err = proc.communicate()
+        pytest.fail('the session hung for %d s:\n%s' % (TIMEOUT, err[-3000:]))
+    ended = time.monotonic()
+    gone = everything_gone(eh, ended)
+    print('\nTheano-MPI session, SIGUSR1 to tmxlauncher: exit %.1f s after the signal, '
+          'every host clear %.2f s later' % (ended - t0, gone))
+    text = out_text + err
+    assert proc.returncode == 75, text[-3000:]
+    assert last_lines(err) == ['theanompi-ext: all 2 ranks stopped after the checkpoint, as '
+                               'asked: the job can be resumed (exit status 75)'], text[-3000:]
+    m = re.search(r'stopped by SIGUSR1 after the checkpoint of iteration (\d+)', text)
+    assert m, text[-3000:]
+    f = checkpoint.read(str(out / checkpoint.FILENAME))      # whole: its checksum matches
+    try:
+        assert int(f.attrs['iteration']) == int(m.group(1))
+    finally:
+        f.close()
+    assert sum(read_position(str(out / checkpoint.FILENAME))) >= 1
+    assert gone < GONE_S

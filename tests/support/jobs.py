@@ -29,6 +29,16 @@ def signal_a_helper_thread(pid, sig):
     return tids[0]
 
 
+def catches(pid, sig):
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask)."""
+    try:
+        with open('/proc/%d/status' % pid) as f:
+            mask = next(line for line in f if line.startswith('SigCgt:')).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (int(sig) - 1) & 1)
+
+
 def start_time(pid):
     try:
         with open('/proc/%d/stat' % pid) as f:

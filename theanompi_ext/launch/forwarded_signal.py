@@ -31,13 +31,15 @@ class ForwardedSignal(object):
         self._thread = None
         self._done = None
 
-    def install(self):
+    def install(self, held_before=None):
         """Catch the signal from now on (main thread), also where this process held
         it back (``train/checkpoint_request.install``): one held back meanwhile is
-        caught now, and mpiexec, started after, must not inherit it blocked."""
+        caught now, and mpiexec, started after, must not inherit it blocked.
+        ``held_before``: whether :meth:`restore` holds it back again (None: as it
+        was held when this was called)."""
         self._old = signal.signal(self.signum, self._caught)
-        self._was_blocked = self.signum in signal.pthread_sigmask(
-            signal.SIG_UNBLOCK, {self.signum})
+        was = self.signum in signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signum})
+        self._was_blocked = was if held_before is None else held_before
         return self
 
     def restore(self):
@@ -79,3 +81,25 @@ class ForwardedSignal(object):
                     self.forwarded += 1
                 except ProcessLookupError:
                     self.pending = True    # the job ended meanwhile: for the next one
+
+
+def forward_to_child(signum, start):
+    """Start a child that passes ``signum`` on itself (a Theano-MPI session's job
+    process: :mod:`theanompi_ext.theanompi_compat.restart_job`) and pass each
+    ``signum`` this process gets on to it; returns ``(proc, forward)``, ``start()``'s
+    process and the :class:`ForwardedSignal` to :meth:`~ForwardedSignal.detach` and
+    :meth:`~ForwardedSignal.restore` once it ended (main thread only).
+
+    The child starts with the signal held back, so one that comes before it
+    catches the signal waits in it instead of killing it."""
+    signum = signal.Signals(signum)
+    was = signum in signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        proc = start()
+    except BaseException:
+        if not was:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        raise
+    forward = ForwardedSignal(signum).install(held_before=was)
+    forward.attach(proc)
+    return proc, forward

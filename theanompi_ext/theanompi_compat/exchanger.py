@@ -60,6 +60,12 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
         # Before any collective: every rank refuses the same way.
         options = resolve_options(model)
         check_mode(sync_type, exch_strategy, options['wire_dtype'])
+        for key in ('checkpoint_signal', 'checkpoint_every_s'):
+            if options[key]:
+                # Theano-MPI's worker runs the loop and its checkpoints: not ours to add
+                raise ValueError('THEANOMPI_EXT_%s=%s: our checkpoints need this project\'s '
+                                 'worker (theanompi_ext.BSP or tmxlauncher), not Theano-MPI\'s '
+                                 'own' % (key.upper(), options[key]))
         self.mpi_comm = comm
         self.comm = exchange_communicator(comm, gpucomm, ctx)
         self.sync_type, self.exch_strategy = sync_type, exch_strategy

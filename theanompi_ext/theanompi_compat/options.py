@@ -9,6 +9,21 @@ import os
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
 from ..collective.two_level import check_topology
+from ..train.checkpoint_request import THEN, canonical_name
+
+
+def _seconds(text):
+    value = float(text)
+    if not value >= 0:
+        raise ValueError('must be >= 0 seconds')
+    return value
+
+
+def _then(text):
+    text = str(text).strip().lower()
+    if text not in THEN:
+        raise ValueError('choose from %s' % ', '.join(THEN))
+    return text
 
 # Options of a contract-model run: name -> (default, parser). Values come
 # from, in increasing priority: these defaults, the model's attributes
@@ -39,9 +54,19 @@ OPTION_DEFAULTS = {
     # How an allreduce spans hosts (collective/two_level.py), as `train --topology`.
     # Read from the environment only: the communicator exists before the model loads.
     'topology': ('auto', lambda s: check_topology(str(s).strip())),
+    # As `train --checkpoint-signal USR1 --on-checkpoint-signal stop` (needs out):
+    # the signal makes every rank write OUT/checkpoint.h5 after the same next
+    # iteration; then the run goes on, or every rank stops with 75 (resume=True).
+    # Caught as each rank starts: chosen before the model loads.
+    'checkpoint_signal': ('', canonical_name),
+    'on_checkpoint_signal': ('continue', _then),
+    # As `train --checkpoint-every-s` (needs out): also a checkpoint once this many
+    # seconds have passed since the last, after an iteration rank 0 chooses (0: off).
+    'checkpoint_every_s': (0.0, _seconds),
 }
-#: Options fixed before the model file is imported: a model's tmx_options cannot set them.
-BEFORE_MODEL = ('topology',)
+#: Options fixed before the model file is imported, or checked before any rank starts:
+#: a model's tmx_options cannot set them.
+BEFORE_MODEL = ('topology', 'checkpoint_signal', 'on_checkpoint_signal', 'checkpoint_every_s')
 ENV_PREFIX = 'THEANOMPI_EXT_'
 
 

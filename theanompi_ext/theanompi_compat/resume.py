@@ -1,8 +1,10 @@
 """Checkpoints of a Theano-MPI model run, and its exact resume at an epoch boundary.
 
 Under the restart supervisor (``BSP().init(..., max_restarts=N, out=OUT)``,
-a session's ``MAX_RESTARTS``: :mod:`.restart_job`) rank 0 writes
-``OUT/checkpoint.h5`` at the end of every epoch, in the trainer's format
+a session's ``MAX_RESTARTS``: :mod:`.restart_job`), with the option
+``checkpoint_signal`` or when resuming (``resume=True``), rank 0 writes
+``OUT/checkpoint.h5`` at the end of every epoch, and, within an epoch, after
+the iteration a ``checkpoint_signal`` asked for, in the trainer's format
 (:mod:`theanompi_ext.train.checkpoint`: sealed, atomic, the previous one
 kept as ``checkpoint.prev.h5``), with every rank's state gathered:
 
@@ -15,23 +17,34 @@ kept as ``checkpoint.prev.h5``), with every rank's state gathered:
   Theano random streams), and its random generators: NumPy's global one,
   Python's ``random``, and every ``numpy.random.RandomState`` attribute of
   ``model`` and ``model.data``;
-* the iteration, the epochs finished (``partial``) and the history.
+* each rank's losses and errors of the epoch so far (a checkpoint within an
+  epoch: the epoch's record is then the one a run never stopped gives);
+* the iteration, the epochs finished and the steps of the next one done
+  (``partial``), and the history.
 
 Resuming at epoch ``e`` (epochs ``0..e-1`` finished) replays, on every rank
 and without training, what the worker loop does to the model between
 epochs, in its order: for ``ep < e``: ``model.epoch = ep``,
 ``model.reset_iter('train')``, ``model.reset_iter('val')``,
-``model.adjust_hyperp(ep)``; then the state above is loaded over it (so
-the generators are the checkpoint's, whatever the replay drew).
+``model.adjust_hyperp(ep)``. Within an epoch (``j`` of its steps done),
+the worker then runs the first ``j`` iterations' loading as it runs them
+(``model.train_iter(i)`` or ``load_train_batch(i)``) with the step itself
+skipped (:class:`~.train_fn.StepFunction` ``skipping``): the model's own
+counters, file batch and sub-batch come to where they were. The state
+above is loaded over all of it (so the generators are the checkpoint's,
+whatever the replay drew).
 
 The contract for a bitwise resume: a model's data order and augmentation
 depend only on that replay (seeds its ``reset_iter`` sets from
-``model.epoch``, cumulative shuffles included) and on the generators
-listed above; nothing else carries over between epochs (no time- or
-pid-seeded shuffle, no state changed inside ``train_iter`` that the next
-epoch reads). A model that loads in a separate process (``para_load``) or
-declares ``tmx_resumable = False`` is refused before its first step.
+``model.epoch``, cumulative shuffles included, its loading in
+``train_iter``) and on the generators listed above; nothing else carries
+over (no time- or pid-seeded shuffle, no state that its train function
+changes and its loading reads). A model that loads in a separate process
+(``para_load``) or declares ``tmx_resumable = False`` is refused before its
+first step.
 """
+import collections
+import json
 import os
 import random
 from types import SimpleNamespace
@@ -42,6 +55,59 @@ from ..errors import BadInput
 
 #: Set to '1' by the supervisor (:mod:`.restart_job`) when the ranks resume from OUT.
 RESUME_VAR = 'THEANOMPI_EXT_RESUME'
+
+
+#: Where a checkpoint puts the run: ``epochs_done`` finished, then
+#: ``steps_in_epoch`` iterations of the next one.
+ResumePoint = collections.namedtuple('ResumePoint', 'epochs_done steps_in_epoch')
+
+
+def read_position(path):
+    """The :class:`ResumePoint` of the checkpoint ``path``, its checksum verified
+    (:class:`~theanompi_ext.errors.CheckpointError`: missing, corrupt, or not a
+    Theano-MPI model run's)."""
+    from ..train import checkpoint
+    with checkpoint.read(path) as f:
+        try:
+            partial = json.loads(f.attrs['partial'])
+            return ResumePoint(int(partial['epochs_done']),
+                               int(partial.get('steps_in_epoch', 0)))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise checkpoint.CheckpointError(
+                '%s: not a checkpoint of a Theano-MPI model run (no %s)' % (path, exc))
+
+
+class EpochSoFar(object):
+    """This rank's losses and errors of the epoch in progress, as a checkpoint
+    entry (``get_value``/``set_value`` of a fixed ``(2, iters_per_epoch)``
+    float64 array, zeros past the steps done; an error of NaN, from a model
+    without one, is kept as 0 and given back as NaN)."""
+    name = 'epoch_so_far'
+
+    def __init__(self, iters_per_epoch, has_error):
+        self.size, self.has_error = int(iters_per_epoch), bool(has_error)
+        self.losses, self.errors = [], []
+        self._saved = None
+
+    def clear(self):
+        """A new epoch."""
+        self.losses, self.errors = [], []
+
+    def get_value(self):
+        v = np.zeros((2, self.size), np.float64)
+        v[0, :len(self.losses)] = self.losses
+        if self.has_error:
+            v[1, :len(self.errors)] = self.errors
+        return v
+
+    def set_value(self, v):
+        self._saved = np.asarray(v, np.float64)
+
+    def restore(self, steps):
+        """The first ``steps`` entries of the loaded value become the epoch's so far."""
+        v = self._saved
+        self.losses = [float(x) for x in v[0, :steps]]
+        self.errors = [float(x) if self.has_error else float('nan') for x in v[1, :steps]]
 
 
 def check_resumable(model):
@@ -147,12 +213,13 @@ class ContractCheckpoint(object):
     trainer: ``params``, ``rule``, ``n_exch``, ``layout``, ``net.stats``,
     ``comm``, ``cfg``, ``iteration``, ``history``."""
 
-    def __init__(self, model, stepper, modelclass, options, out, history):
-        self.stepper, self.history = stepper, history
+    def __init__(self, model, stepper, modelclass, options, out, history, so_far):
+        self.stepper, self.history, self.so_far = stepper, history, so_far
+        self._history = history
         self.params, self.rule, self.n_exch, self.layout = (
             stepper.params, stepper.rule, stepper.n_exch, stepper.layout)
         self.comm = stepper.comm
-        self.net = SimpleNamespace(stats=worker_state(model))
+        self.net = SimpleNamespace(stats=worker_state(model) + [so_far])
         config = {k: v for k, v in options.items() if k not in ('out',)}
         config.update(workers=stepper.k)
         self.cfg = SimpleNamespace(model=modelclass, sync_type=stepper.sync_type,
@@ -169,8 +236,9 @@ class ContractCheckpoint(object):
     def iteration(self, value):
         self.stepper.iteration = value
 
-    def save(self, epochs_done, in_write=None):
-        """Every rank: gather the state after ``epochs_done`` epochs; rank 0 writes it.
+    def save(self, epochs_done, in_write=None, steps_in_epoch=0):
+        """Every rank: gather the state after ``epochs_done`` epochs and
+        ``steps_in_epoch`` steps of the next; rank 0 writes it.
 
         One watched wait bounded by ``write_timeout_s``, as the trainer's."""
         from ..files.signals import deferred_signals
@@ -180,20 +248,23 @@ class ContractCheckpoint(object):
         with deferred_signals(), self.comm.bounded(
                 self.iteration, 'checkpoint %s (written by rank 0)' % self.path,
                 self.write_timeout_s, 'write_timeout_s', note):
-            checkpoint.save(self, self.path, {'epochs_done': epochs_done}, in_write=in_write)
+            checkpoint.save(self, self.path, {'epochs_done': epochs_done,
+                                              'steps_in_epoch': steps_in_epoch},
+                            in_write=in_write)
             self.comm.barrier()
 
-    def load(self, model):
-        """Replay the finished epochs on ``model``, then load this rank's state;
-        returns the number of epochs finished (the next epoch's index)."""
-        import json
+    def position(self):
+        """Where the checkpoint puts the run (:func:`read_position`)."""
+        return read_position(self.path)
+
+    def restore(self, point):
+        """Load this rank's state of the checkpoint at ``point`` over the model (the
+        finished epochs replayed, and the steps of the next one's loading run):
+        parameters, momentum, per-worker state, generators, the epoch so far,
+        the iteration and the history."""
         from ..train import checkpoint
-        with checkpoint.read(self.path) as f:       # the checksum verified first
-            try:
-                epochs = int(json.loads(f.attrs['partial'])['epochs_done'])
-            except (KeyError, ValueError) as exc:
-                raise checkpoint.CheckpointError(
-                    '%s: not a checkpoint of a Theano-MPI model run (%s)' % (self.path, exc))
-        replay(model, epochs)
-        checkpoint.load(self, self.path)     # params, momentum, stats, generators, history
-        return epochs
+        checkpoint.load(self, self.path)     # the checksum verified again
+        self.so_far.restore(point.steps_in_epoch)
+        # (load set self.history to a new list: the worker keeps its own)
+        self._history[:] = self.history
+        self.history = self._history

@@ -19,6 +19,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 
 from ..exchange.modes import check_mode
 
@@ -86,15 +87,27 @@ def check_model(modelfile, modelclass):
     return path
 
 
-#: Options of the launching side (the restart supervisor, :mod:`.restart_job`):
-#: name -> (default, parser); not passed to the ranks.
+def _flag(text):
+    text = str(text).strip().lower()
+    if text not in ('1', 'true', 'yes', 'on', '0', 'false', 'no', 'off'):
+        raise ValueError('expected true or false')
+    return text in ('1', 'true', 'yes', 'on')
+
+
+#: Options of the launching side (the job process, :mod:`.restart_job`):
+#: name -> (default, parser); not passed to the ranks. ``resume``: start from
+#: ``OUT/checkpoint.h5`` (a run stopped after a ``checkpoint_signal``'s checkpoint).
 RESTART_OPTIONS = {'max_restarts': (0, int), 'restart_backoff_s': (1.0, float),
-                   'start_timeout_s': (300.0, float)}
+                   'start_timeout_s': (300.0, float), 'resume': (False, _flag)}
 
 
 def restart_settings(options):
-    """Pop the supervisor's options from ``options``: ``{name: value}`` (ValueError
-    for a bad value, or ``max_restarts`` without ``out``)."""
+    """Pop the job process's options from ``options``: ``{name: value}``
+    (ValueError for a bad value, for ``max_restarts``, ``resume``,
+    ``checkpoint_signal`` or ``checkpoint_every_s`` without ``out``, for
+    ``resume`` without a good checkpoint there, and for ``on_checkpoint_signal='stop'`` without a signal).
+    ``checkpoint_signal`` stays in ``options`` (the ranks catch it), canonical."""
+    from ..train.checkpoint_request import canonical_name
     got = {}
     for key, (default, parse) in RESTART_OPTIONS.items():
         raw = options.pop(key, default)
@@ -104,16 +117,52 @@ def restart_settings(options):
                 raise ValueError('must be >= 0')
         except ValueError as exc:
             raise ValueError('option %s=%r: %s' % (key, raw, exc))
-    if got['max_restarts'] and not str(options.get('out') or '').strip():
+    out = str(options.get('out') or '').strip()
+    if got['max_restarts'] and not out:
         raise ValueError('option max_restarts: a restart resumes from OUT/checkpoint.h5, which '
                          'rank 0 writes at the end of every epoch: give the option out')
+    raw = options.get('checkpoint_signal', '')
+    try:
+        signal_name = canonical_name(raw)
+    except ValueError as exc:
+        raise ValueError('option checkpoint_signal=%r: %s' % (raw, exc))
+    if signal_name:
+        options['checkpoint_signal'] = signal_name
+    if signal_name and not out:
+        raise ValueError('option checkpoint_signal: the checkpoint it asks for is written to '
+                         'OUT/checkpoint.h5: give the option out')
+    raw = options.get('checkpoint_every_s', 0)
+    try:
+        every_s = float(raw)
+        if not every_s >= 0:
+            raise ValueError('must be >= 0 seconds')
+    except ValueError as exc:
+        raise ValueError('option checkpoint_every_s=%r: %s' % (raw, exc))
+    if every_s and not out:
+        raise ValueError('option checkpoint_every_s: the checkpoint is written to '
+                         'OUT/checkpoint.h5: give the option out')
+    if str(options.get('on_checkpoint_signal', '')).strip().lower() == 'stop' and \
+            not signal_name:
+        raise ValueError('option on_checkpoint_signal: stop after the checkpoint of which '
+                         'signal? Give the option checkpoint_signal, e.g. USR1')
+    if got['resume']:
+        if not out:
+            raise ValueError('option resume: the checkpoint to resume from is '
+                             'OUT/checkpoint.h5: give the option out')
+        from .resume import read_position
+        try:
+            read_position(os.path.join(out, 'checkpoint.h5'))
+        except ValueError as exc:        # CheckpointError: missing, corrupt, not ours
+            raise ValueError('option resume: %s' % exc)
     return got
 
 
 def _child_env(options):
     from .options import option_env_name, OPTION_DEFAULTS
+    from .resume import RESUME_VAR
     from ..launch.mpiexec import child_env
     env = child_env()
+    env[RESUME_VAR] = '0'      # the job process says when the ranks resume
     # The model module is named relative to where the user runs, as with Theano-MPI.
     env['PYTHONPATH'] = os.pathsep.join([os.getcwd()] + [p for p in
                                          env.get('PYTHONPATH', '').split(os.pathsep) if p])
@@ -150,6 +199,7 @@ class BSP(object):
         self.proc = None
         self.devices = None
         self.command = None
+        self._forward = None     # option checkpoint_signal: passed on to the job
 
     def init(self, devices, modelfile, modelclass, **options):
         """Start one rank per device and return immediately.
@@ -165,8 +215,14 @@ class BSP(object):
         those of :data:`RESTART_OPTIONS`: with ``max_restarts=N`` (needs
         ``out``) a process started here runs the job under the restart
         supervisor (:mod:`.restart_job`), from the checkpoint of the last
-        finished epoch (:mod:`.resume`); ``wait`` waits for it. Without
-        restarts the job runs as ``theanompi-ext train`` runs it
+        finished epoch (:mod:`.resume`); ``wait`` waits for it. With
+        ``checkpoint_signal='USR1'`` (needs ``out``; as ``train
+        --checkpoint-signal``) this process catches that signal from ``init``
+        until ``wait`` returns and passes it on: every rank writes
+        ``OUT/checkpoint.h5`` after the same next iteration, then goes on, or,
+        with ``on_checkpoint_signal='stop'``, stops with status 75; with
+        ``resume=True`` the job starts from that checkpoint. Otherwise
+        the job runs as ``theanompi-ext train`` runs it
         (:func:`~theanompi_ext.launch.postmortem.run_explained`, in a process
         of its own): a rank that dies is named in the launcher's last line.
         """
@@ -177,6 +233,10 @@ class BSP(object):
         from ..launch.reach import check_hosts
         from ..engine.flags import cache_dir
         restart = restart_settings(options)
+        signal_name = options.get('checkpoint_signal', '')
+        if signal_name and threading.current_thread() is not threading.main_thread():
+            raise ValueError('option checkpoint_signal: call BSP.init in the main thread (it '
+                             'catches SIG%s for the job until BSP.wait returns)' % signal_name)
         cache_dir()     # unusable: bad input, here; another host's ranks say theirs
         if not devices:
             raise ValueError('no devices given')
@@ -203,12 +263,20 @@ class BSP(object):
         self.command = mpiexec_command(len(devices), argv, mpiexec=mpiexec,
                                        extra=host_args(hosts, mpiexec) if hosts else (),
                                        hosts=[h for h, _ in hosts] if hosts else None)
-        if restart['max_restarts']:
+        if restart['max_restarts'] or restart['resume'] or signal_name:
             # The supervisor runs in a process of its own (it reaps and ends whatever
             # an attempt leaves behind: nothing of the caller's); wait() waits for it.
+            # So does a job whose checkpoints a signal asks for (it passes it on).
             from .restart_job import supervisor_command
-            self.proc = popen_job(supervisor_command(self.command, len(devices),
-                                                     options['out'], restart), env)
+            command = supervisor_command(self.command, len(devices), options['out'], restart,
+                                         checkpoint_signal=signal_name, across_hosts=bool(hosts))
+            if not signal_name:
+                self.proc = popen_job(command, env)
+                return self
+            from ..launch.forwarded_signal import forward_to_child
+            from ..train.checkpoint_request import number
+            self.proc, self._forward = forward_to_child(number(signal_name),
+                                                        lambda: popen_job(command, env))
             return self
         # The job runs as `theanompi-ext train` runs it (hydra's teardown held back,
         # a rank that died named last), in a process of its own: init returns now.
@@ -233,6 +301,11 @@ class BSP(object):
             return self._stopped(130, 'interrupted (Ctrl-C)')
         except subprocess.TimeoutExpired:
             return self._stopped(124, 'still running after timeout=%g s' % timeout)
+        finally:
+            if self._forward is not None and self.proc.poll() is not None:
+                self._forward.detach()      # checkpoint_signal: ours again once the job ended
+                self._forward.restore()
+                self._forward = None
 
     def _stopped(self, status, why):
         from ..launch.mpiexec import stop_group

@@ -13,7 +13,8 @@ Flags, as Theano-MPI's launcher spells them: ``-cfg=F`` / ``--config=F``
 ``--modelclass=``, ``-r=`` / ``--rule=``, ``-bsp_sync_type=``,
 ``-bsp_exch_strategy=``; and ``--dry-run`` (ours: build the model once
 here and print the plan, the backward chunks found included, without
-launching, :mod:`~theanompi_ext.theanompi_compat.dry_run`). Any other flag (Theano-MPI's ``-bind``, ``-s``)
+launching, :mod:`~theanompi_ext.theanompi_compat.dry_run`) and ``--resume``
+(ours: the key ``RESUME=1``, start from ``OUT/checkpoint.h5``). Any other flag (Theano-MPI's ``-bind``, ``-s``)
 is an error, not ignored. A flag and a session key that disagree are an
 error.
 
@@ -27,13 +28,15 @@ arrays over several lines). Keys (case-insensitive): ``RULE=BSP``,
 and every exchange option of :data:`theanompi_ext.theanompi_compat.options.OPTION_DEFAULTS`
 (``WARMUP``, ``WARMUP_EPOCHS``, ``REF_BATCH``, ``BATCH_PER_WORKER``,
 ``WEIGHT_DECAY``, ``MOMENTUM``, ``MOMENTUM_FORM``, ``EXCHANGE_BN``,
-``BUCKET_CAP_MB``, ``FIRST_BUCKET_CAP_MB``, ``MAX_STEPS``, ``OUT``), and the
-restart supervisor's ``MAX_RESTARTS`` (needs ``OUT``), ``RESTART_BACKOFF_S``,
-``START_TIMEOUT_S`` (:data:`.rule.RESTART_OPTIONS`). An
+``BUCKET_CAP_MB``, ``FIRST_BUCKET_CAP_MB``, ``MAX_STEPS``, ``OUT``,
+``CHECKPOINT_SIGNAL``, ``ON_CHECKPOINT_SIGNAL``, ``CHECKPOINT_EVERY_S``), and the job process's
+``MAX_RESTARTS`` (needs ``OUT``), ``RESTART_BACKOFF_S``, ``START_TIMEOUT_S``
+and ``RESUME`` (:data:`.rule.RESTART_OPTIONS`). An
 unknown key or flag, a missing model file or class, or a bad value ends
 with a message naming it and exit status 2; otherwise the exit status is
 the job's.
 """
+import re
 import shlex
 import sys
 
@@ -41,7 +44,8 @@ from ..errors import EXIT_BAD_INPUT
 
 USAGE = ('usage: python -m theanompi_ext.tmlauncher -cfg=SESSION.cfg [-file=MODELFILE] '
          '[-class=MODELCLASS] [-r=BSP] [-bsp_sync_type=kn|avg|cdd] '
-         '[-bsp_exch_strategy=ar|ar-overlap] [--dry-run]   (console script: tmxlauncher)')
+         '[-bsp_exch_strategy=ar|ar-overlap] [--dry-run] [--resume]   (console script: '
+         'tmxlauncher)')
 REQUIRED = ('rule', 'modelfile', 'modelclass', 'devices')
 # Flag spellings -> session key (Theano-MPI's launcher's flags).
 FLAGS = {'-cfg': 'cfg', '--cfg': 'cfg', '--config': 'cfg', '-file': 'modelfile',
@@ -71,6 +75,9 @@ def parse_args(argv):
         arg = argv[i]
         if arg == '--dry-run':
             out['dry_run'], i = True, i + 1
+            continue
+        if arg == '--resume':      # as the session key RESUME=1
+            out['resume'], i = '1', i + 1
             continue
         flag, eq, value = arg.partition('=')
         if flag in REFUSED_FLAGS:
@@ -167,6 +174,14 @@ def _exchange_mode(values, options, path):
     return mode
 
 
+def _as_keys(message):
+    """A message of :func:`.rule.restart_settings` in a session file's words."""
+    message = re.sub(r'\b(?:the )?option (\w+)',
+                     lambda m: ('the key ' if m.group(0).startswith('the') else '') +
+                     m.group(1).upper(), message)
+    return message.replace('resume=True', 'RESUME=1')
+
+
 def session_from_file(path, flags=None):
     """Validated session settings from a config file and flags (ValueError naming the problem)."""
     from .options import OPTION_DEFAULTS
@@ -200,10 +215,11 @@ def session_from_file(path, flags=None):
     from .rule import RESTART_OPTIONS, restart_settings
     restart = {key: values[key] for key in RESTART_OPTIONS if key in values}
     try:
-        restart_settings(dict(restart, out=options.get('out', '')))
+        restart_settings(dict(restart, **{k: options[k] for k in (
+            'out', 'checkpoint_signal', 'on_checkpoint_signal', 'checkpoint_every_s')
+            if k in options}))
     except ValueError as exc:
-        raise ValueError('%s: %s' % (path, str(exc).replace('the option out', 'the key OUT').replace(
-            'option max_restarts', 'MAX_RESTARTS')))
+        raise ValueError('%s: %s' % (path, _as_keys(str(exc))))
     options.update(restart)
     sync_type, exch = _exchange_mode(values, options, path)
     check_model(values['modelfile'], values['modelclass'])

@@ -37,13 +37,16 @@ class StepFunction(object):
 
     Attributes: ``stepper`` (the :class:`~.stepper.ContractStepper`),
     ``replaced`` (name -> the model's own function), ``calls``, ``last``
-    ``(cost, error, lr)`` of the last step.
+    ``(cost, error, lr)`` of the last step, ``skipping``: while true, a call
+    runs no step and returns zeros (a resume within an epoch runs the
+    model's loading of the steps already done, :mod:`.resume`).
     """
 
     def __init__(self, stepper):
         self.stepper = stepper
         self.replaced = {}
         self.calls, self.last = 0, None
+        self.skipping = False
 
     def __call__(self, subb=0, *args, **kwargs):
         """One step on sub-batch ``subb`` of the loaded batch; ``[cost, error]``
@@ -55,8 +58,11 @@ class StepFunction(object):
         if not 0 <= int(subb) < self.stepper.n_subb:
             raise ValueError('model.train_iter_fn(%d): the model has %d sub-batch(es) per '
                              'file batch' % (subb, self.stepper.n_subb))
-        cost, error, lr = self.stepper.step(int(subb))
         self.calls += 1
+        if self.skipping:
+            self.last = None
+            return [np.zeros((), np.float32), np.zeros((), np.float32)]
+        cost, error, lr = self.stepper.step(int(subb))
         self.last = (cost, error, lr)
         return [np.asarray(cost, np.float32), np.asarray(error, np.float32)]
 

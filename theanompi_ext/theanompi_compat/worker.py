@@ -22,8 +22,12 @@ sub-batch), a validation pass over every sub-batch,
 ``adjust_hyperp(epoch)``; ``cleanup()`` at the end. Any error on any rank
 ends the job (``train.worker.guarded``). Under the restart supervisor
 (``max_restarts``, :mod:`.restart_job`) rank 0 marks each iteration
-(``train/attempt.py``), every rank takes part in a checkpoint at each
-epoch's end, and a restarted job resumes from it (:mod:`.resume`).
+(``train/attempt.py``). Under it, with ``checkpoint_signal`` or when
+resuming, every rank takes part in a checkpoint at each epoch's end and
+after the iteration a signal asked for (``checkpoint_signal``) or at which
+rank 0's clock ran out (``checkpoint_every_s``): every rank's note and rank
+0's clock summed after each step, as the trainer's; a resumed job starts
+from it, within an epoch too (:mod:`.resume`).
 """
 import io
 import importlib
@@ -33,10 +37,18 @@ import os
 import sys
 import time
 
-import numpy as np
+from ..train import checkpoint_request
+if __name__ == '__main__':
+    # A rank, started by mpiexec: catch the option checkpoint_signal before the
+    # imports below (numpy: 0.1 s), within which its default would kill us
+    checkpoint_request.install_for_name(os.environ.get('THEANOMPI_EXT_CHECKPOINT_SIGNAL'))
+import numpy as np  # noqa: E402
 
-from ..exchange.modes import OVERLAP, SERIAL, check_mode
-from ..errors import EXIT_BAD_INPUT
+from ..exchange.modes import OVERLAP, SERIAL, check_mode  # noqa: E402
+from ..errors import EXIT_BAD_INPUT  # noqa: E402
+
+#: How a run stopped after a signal's checkpoint continues (StoppedToResume's message).
+HOW_TO_RESUME = "resume=True (a session: RESUME=1 or tmxlauncher --resume)"
 
 
 def import_model_class(modelfile, modelclass):
@@ -131,6 +143,9 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     own_comm = comm is None
     from .options import early_option
     comm = comm or create_communicator('auto', topology=early_option('topology'))
+    # Again now that MPI has started (MPICH's handler keeps it otherwise), before
+    # the start mark after which the launcher passes the signal on.
+    checkpoint_request.install_for_name(early_option('checkpoint_signal'))
     rank, size = comm.rank, comm.size
     from ..train.attempt import AttemptHooks, mark_started
     mark_started(rank)     # every rank joined: the supervisor's start check (restart_job.py)
@@ -155,10 +170,11 @@ def run(modelfile, modelclass, sync_type, exch_strategy, devices, comm=None, log
     stepper.take_over()
     log(_start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why, size))
     history, t_start = [], time.perf_counter()
-    ckpt, first_epoch = _restartable(model, stepper, opts, modelclass, history, hooks, log)
+    ckpt, point = _restartable(model, stepper, opts, modelclass, history, hooks)
+    first_epoch = point.epochs_done if point else 0
     _train_epochs(model, stepper, opts, comm, history, log,
-                  title='%s, %d ranks' % (modelclass, size), first_epoch=first_epoch,
-                  ckpt=ckpt, hooks=hooks)
+                  title='%s, %d ranks' % (modelclass, size), ckpt=ckpt, hooks=hooks,
+                  resume=point)
     model.cleanup()
     summary = dict(workers=size, devices=list(devices), sync_type=sync_type, mode=mode,
                    iterations=stepper.iteration, wall_s=time.perf_counter() - t_start,
@@ -219,37 +235,126 @@ def _start_line(model, stepper, opts, modelclass, devices, sync_type, mode, why,
                '(one step per iteration)'))
 
 
-def _restartable(model, stepper, opts, modelclass, history, hooks, log):
-    """Under the restart supervisor: ``(the checkpoint, the first epoch)``, the
-    state loaded when the supervisor resumes (:mod:`.resume`); else ``(None, 0)``."""
-    if not hooks.max_restarts:
-        return None, 0
-    from .resume import RESUME_VAR, ContractCheckpoint, check_resumable
+def _restartable(model, stepper, opts, modelclass, history, hooks):
+    """``(the checkpoint, where to resume)``: checkpoints are written under the
+    restart supervisor, with ``checkpoint_signal`` and when resuming (else
+    ``(None, None)``); resuming (the supervisor's restart or ``resume=True``),
+    the finished epochs are replayed here and the :class:`~.resume.ResumePoint`
+    given (else None): its state is loaded once the steps of its epoch
+    already done have been loaded again (:func:`_train_epoch`)."""
+    from .resume import RESUME_VAR, ContractCheckpoint, EpochSoFar, check_resumable, replay
+    resuming = os.environ.get(RESUME_VAR) == '1'
+    if not (hooks.max_restarts or opts['checkpoint_signal'] or opts['checkpoint_every_s'] or
+            resuming):
+        return None, None
     check_resumable(model)
     if not opts['out']:
-        raise ValueError('option max_restarts needs the option out (the checkpoint lives there)')
-    ckpt = ContractCheckpoint(model, stepper, modelclass, opts, opts['out'], history)
-    if os.environ.get(RESUME_VAR) != '1':
-        return ckpt, 0
-    first = ckpt.load(model)
-    history[:] = ckpt.history
-    log('%sresumed from %s at epoch %d (iteration %d)' % (
-        'restart %d of %d: ' % (hooks.attempt, hooks.max_restarts) if hooks.attempt else '',
-        ckpt.path, first + 1, stepper.iteration))
-    return ckpt, first
+        raise ValueError('options max_restarts, checkpoint_signal, checkpoint_every_s and '
+                         'resume need the option out (the checkpoint lives there)')
+    so_far = EpochSoFar(stepper.iters_per_epoch, stepper.has_error)
+    ckpt = ContractCheckpoint(model, stepper, modelclass, opts, opts['out'], history, so_far)
+    if not resuming:
+        return ckpt, None
+    point = ckpt.position()
+    replay(model, point.epochs_done)
+    return ckpt, point
 
 
-def _train_epochs(model, stepper, opts, comm, history, log, title, first_epoch=0, ckpt=None,
-                  hooks=None):
-    """Every epoch from ``first_epoch``: the steps, the validation, the epoch's
-    record (appended to ``history``), the outputs, the model's hyper-parameter
-    hook and (``ckpt``, under the restart supervisor) the checkpoint."""
+class _Checkpoints(object):
+    """The checkpoints of a run that writes them (``ckpt``; None: none): at each
+    epoch's end, and within one after the step a ``checkpoint_signal`` asked for
+    or at which rank 0's ``checkpoint_every_s`` clock ran out; and the resume at
+    ``point`` (a :class:`~.resume.ResumePoint`, or None)."""
+
+    def __init__(self, ckpt, stepper, opts, hooks, log, point=None):
+        self.ckpt, self.stepper, self.opts, self.hooks, self.log = ckpt, stepper, opts, hooks, log
+        self.point, self.signalled = point, None
+        self.every_s = float(opts.get('checkpoint_every_s') or 0) if ckpt is not None else 0.0
+        self.voting = ckpt is not None and bool(opts['checkpoint_signal'] or self.every_s)
+        self._last_save_t = time.monotonic()
+
+    def so_far(self, epoch):
+        """The lists of epoch ``epoch``'s losses and errors (those of the steps a
+        resumed epoch already did come with the state, :meth:`resumed`)."""
+        if self.ckpt is None:
+            return [], []
+        if self.point is None or epoch != self.point.epochs_done:
+            self.ckpt.so_far.clear()
+        return self.ckpt.so_far.losses, self.ckpt.so_far.errors
+
+    def skip(self, epoch):
+        """How many steps of epoch ``epoch`` to load again without a step (resume)."""
+        return self.point.steps_in_epoch if self.point and epoch == self.point.epochs_done else 0
+
+    def resumed(self):
+        """Load the checkpoint's state now (the model is where it was); the epoch's
+        ``(losses, errors)`` so far."""
+        point, self.point = self.point, None
+        self.ckpt.restore(point)
+        h, st = self.hooks, self.stepper
+        within = (', step %d of %d' % (point.steps_in_epoch, st.iters_per_epoch)
+                  if point.steps_in_epoch else '')
+        self.log('%sresumed from %s at epoch %d%s (iteration %d)' % (
+            'restart %d of %d: ' % (h.attempt, h.max_restarts) if h.attempt else '',
+            self.ckpt.path, point.epochs_done + 1, within, st.iteration))
+        return self.ckpt.so_far.losses, self.ckpt.so_far.errors
+
+    def after_step(self, epoch, steps_done):
+        """Every rank, after each step: a checkpoint within the epoch now if a signal
+        asked for one or rank 0's clock ran out (at its last step, the epoch's own
+        follows)."""
+        if not self.voting:
+            return
+        clock = self.every_s > 0 and self.stepper.comm.rank == 0 and \
+            time.monotonic() - self._last_save_t >= self.every_s
+        asked, clock = checkpoint_request.vote(self.stepper.comm, self.stepper.iteration,
+                                               self.opts['collective_timeout_s'], clock)
+        if asked:
+            self.signalled = checkpoint_request.number(self.opts['checkpoint_signal'])
+        if (asked or clock) and steps_done < self.stepper.iters_per_epoch:
+            self._save(epoch, steps_done)
+            self._after_signalled(last=False)
+
+    def _save(self, epochs_done, steps_in_epoch=0):
+        self.ckpt.save(epochs_done, in_write=self.hooks.in_write, steps_in_epoch=steps_in_epoch)
+        self._last_save_t = time.monotonic()
+
+    def epoch_end(self, epochs_done, last):
+        """Every rank, after epoch ``epochs_done - 1``'s record: its checkpoint."""
+        if self.ckpt is not None:
+            self._save(epochs_done)
+            self._after_signalled(last)
+
+    def _after_signalled(self, last):
+        # as the trainer's: with stop, every rank ends here (75), unless nothing is
+        # left to resume
+        signum, self.signalled = self.signalled, None
+        if signum is None:
+            return
+        import signal
+        from ..errors import StoppedToResume
+        if self.opts['on_checkpoint_signal'] == 'stop' and not last:
+            raise StoppedToResume(signum, self.stepper.iteration, self.ckpt.path, HOW_TO_RESUME)
+        self.log('checkpoint of iteration %d written, as %s asked (%s)%s'
+                 % (self.stepper.iteration, signal.Signals(signum).name, self.ckpt.path,
+                    '' if last else '; training goes on'))
+
+
+def _train_epochs(model, stepper, opts, comm, history, log, title, ckpt=None, hooks=None,
+                  resume=None):
+    """Every epoch from the first not finished: the steps, the validation, the
+    epoch's record (appended to ``history``), the outputs, the model's
+    hyper-parameter hook and (``ckpt``) the checkpoints; ``resume``: the
+    :class:`~.resume.ResumePoint` of a resumed run."""
     from .outputs import write_record, snapshot_due, save_snapshot
     recorder = Recorder()
-    for epoch in range(first_epoch, int(model.n_epochs)):
+    checkpoints = _Checkpoints(ckpt, stepper, opts, hooks, log, resume)
+    n_epochs = int(model.n_epochs)
+    for epoch in range(resume.epochs_done if resume else 0, n_epochs):
         model.epoch = epoch
         t_epoch, times_before = time.perf_counter(), dict(recorder.times)
-        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder, hooks)
+        losses, errs, lr, done = _train_epoch(model, stepper, opts, recorder, hooks,
+                                              checkpoints, epoch)
         model.reset_iter('train')
         if not losses:
             break
@@ -260,7 +365,7 @@ def _train_epochs(model, stepper, opts, comm, history, log, title, first_epoch=0
         history.append(rec)
         if comm.rank == 0 and opts['out']:
             write_record(opts['out'], history, title=title)
-            if snapshot_due(epoch + 1, int(model.n_epochs), opts['snapshot_freq']):
+            if snapshot_due(epoch + 1, n_epochs, opts['snapshot_freq']):
                 save_snapshot(opts['out'], epoch + 1, stepper.iteration,
                               [p.name for p in model.params],
                               [p.get_value() for p in model.params])
@@ -270,28 +375,38 @@ def _train_epochs(model, stepper, opts, comm, history, log, title, first_epoch=0
         model.adjust_hyperp(epoch)
         if done:
             break
-        if ckpt is not None:      # the state at the start of the next epoch
-            ckpt.save(epoch + 1, in_write=hooks.in_write)
+        checkpoints.epoch_end(epoch + 1, last=epoch + 1 == n_epochs)  # the next epoch's start
 
 
-def _train_epoch(model, stepper, opts, recorder, hooks=None):
+def _train_epoch(model, stepper, opts, recorder, hooks, checkpoints, epoch):
     """One epoch's steps (each sub-batch of each file batch, up to ``max_steps``);
     returns ``(losses, errors, last lr, whether max_steps was reached)``.
 
     With the hook ``load_train_batch`` we load and step; without it the
-    model's ``train_iter`` does both (its ``train_iter_fn`` is our step)."""
+    model's ``train_iter`` does both (its ``train_iter_fn`` is our step).
+    Resumed within this epoch, the steps already done are loaded again with the
+    step skipped, then the checkpoint's state is loaded (:mod:`.resume`)."""
     hook = getattr(model, 'load_train_batch', None)
-    losses, errs, lr = [], [], None
+    losses, errs = checkpoints.so_far(epoch)
+    skip, lr = checkpoints.skip(epoch), None
     for i in range(int(model.data.n_batch_train)):
         for subb in range(stepper.n_subb):
-            if opts['max_steps'] and stepper.iteration >= opts['max_steps']:
+            at = i * stepper.n_subb + subb      # steps of this epoch done before this one
+            if at == skip and checkpoints.point is not None:
+                losses, errs = checkpoints.resumed()
+            if at >= skip and opts['max_steps'] and stepper.iteration >= opts['max_steps']:
                 return losses, errs, lr, True
             if hook:
                 if subb == 0:
                     hook(i)
+                if at < skip:
+                    continue
                 recorder.start()
                 cost, err, lr = stepper.step(subb)
                 recorder.end('calc+comm')
+            elif at < skip:
+                _load_only(model, stepper.train_fn, i)
+                continue
             else:
                 # The model loads and calls train_iter_fn: our step (train_fn.py).
                 before, t0 = stepper.train_fn.calls, time.perf_counter()
@@ -303,7 +418,19 @@ def _train_epoch(model, stepper, opts, recorder, hooks=None):
             errs.append(err)
             if hooks is not None:
                 hooks.after_step(stepper.iteration)   # progress mark; the tests' faults
+            checkpoints.after_step(epoch, at + 1)
     return losses, errs, lr, False
+
+
+def _load_only(model, train_fn, i):
+    """``model.train_iter(i)`` with our step skipped: the model's loading only."""
+    before = train_fn.calls
+    train_fn.skipping = True
+    try:
+        model.train_iter(i, Recorder())
+    finally:
+        train_fn.skipping = False
+    train_fn.expect_one_call(before, 'model.train_iter(%d)' % i)
 
 
 def _validate(model, recorder, n_subb):

@@ -16,7 +16,8 @@
   RANK is SIGKILLed (``kill``), SIGSTOPped (``stop``), raises (``raise``),
   is SIGKILLed inside its next checkpoint write (``ckpt``; rank 0, the
   writer, half-way through writing the temporary file), or sleeps
-  :data:`PAUSE_S` (``pause``: a moment in which a test cuts a link).
+  :data:`PAUSE_S` (``pause``: a moment in which a test cuts a link), or sends
+  itself SIGUSR1 (``usr1``: a scheduler's warning that reaches one rank).
 """
 import contextlib
 import os
@@ -33,7 +34,7 @@ START_VAR = 'THEANOMPI_EXT_START_FILE'
 #: That file's name in --out.
 START_NAME = '.theanompi-ext.started'
 FAULTS_VAR = 'THEANOMPI_EXT_FAULTS'
-KINDS = ('kill', 'stop', 'raise', 'ckpt', 'pause')
+KINDS = ('kill', 'stop', 'raise', 'ckpt', 'pause', 'usr1')
 PAUSE_S = 2.0
 
 
@@ -137,6 +138,8 @@ class AttemptHooks(object):
         elif kind == 'pause':
             import time
             time.sleep(PAUSE_S)
+        elif kind == 'usr1':
+            os.kill(os.getpid(), signal.SIGUSR1)
         else:
             self.die_in_write = True
 

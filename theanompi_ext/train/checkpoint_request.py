@@ -114,9 +114,15 @@ def install_for_json(text):
 def install_for(cfg):
     """:func:`install` ``cfg.checkpoint_signal`` where one is named (a name that is
     not valid is left to ``cfg.validate()`` to report)."""
+    install_for_name(cfg.checkpoint_signal)
+
+
+def install_for_name(name):
+    """:func:`install` the signal ``name`` where one is named (``''``/None: none;
+    a name that is not valid is left to the option's own check to report)."""
     try:
-        if canonical_name(cfg.checkpoint_signal):
-            install(cfg.checkpoint_signal)
+        if canonical_name(name or ''):
+            install(name)
     except ValueError:
         pass
 
@@ -129,6 +135,23 @@ def taken():
         _clear_pending(held)
         signum = signum or signal.Signals(held)
     return signum
+
+
+def vote(comm, iteration, timeout_s, clock_due=False):
+    """Every rank: ``(a signal asked, the clock ran out)``, the same on every rank.
+
+    Each rank's :func:`taken` note and ``clock_due`` (rank 0's checkpoint
+    clock, or False) are summed in one two-float allreduce, so the signal
+    reaching one rank is enough. The wait is bounded as a step's is
+    (``timeout_s``): a rank stopped here must not hang the others."""
+    import numpy as np
+    votes = np.zeros(2, np.float32)
+    votes[0] = 1 if taken() else 0
+    votes[1] = 1 if clock_due else 0
+    with comm.bounded(iteration, 'checkpoint clock and signal', timeout_s,
+                      'collective_timeout_s'):
+        comm.allreduce(votes)
+    return bool(votes[0]), bool(votes[1])
 
 
 def _clear_pending(signum):

@@ -228,17 +228,13 @@ class Trainer(object):
         clock = mid_epoch and not every and cfg.checkpoint_every_s > 0
         if not (clock or cfg.checkpoint_signal):
             return bool(every)
-        votes = np.zeros(2, np.float32)     # [a signal asked, rank 0's clock ran out]
-        votes[0] = 1 if checkpoint_request.taken() else 0
-        if clock and self.comm.rank == 0:
-            votes[1] = time.monotonic() - self._last_save_t >= cfg.checkpoint_every_s
-        # a wait as bounded as a step's (a rank stopped here must not hang the others)
-        with self.comm.bounded(self.iteration, 'checkpoint clock and signal',
-                               cfg.collective_timeout_s, 'collective_timeout_s'):
-            self.comm.allreduce(votes)
-        if votes[0]:
+        clock_due = clock and self.comm.rank == 0 and \
+            time.monotonic() - self._last_save_t >= cfg.checkpoint_every_s
+        asked, clock_due = checkpoint_request.vote(self.comm, self.iteration,
+                                                   cfg.collective_timeout_s, clock_due)
+        if asked:
             self.checkpoint_signalled = checkpoint_request.number(cfg.checkpoint_signal)
-        return bool(every or (votes[0] and mid_epoch) or votes[1])
+        return bool(every or (asked and mid_epoch) or clock_due)
 
     def _after_signalled_checkpoint(self):
         """Log the checkpoint a signal asked for; with ``--on-checkpoint-signal stop``
