@@ -179,6 +179,15 @@ def test_a_signal_to_one_rank_with_continue_writes_the_checkpoint_and_goes_on(tm
     from theanompi_ext.theanompi_compat.resume import read_position
     assert tuple(read_position(str(out / 'checkpoint.h5'))) == (3, 0)
     assert not [n for n in os.listdir(str(out)) if '.tmp-' in n or n.startswith('.theanompi')]
+    # resumed from that checkpoint of the finished run: nothing is left to train, and
+    # the outputs written again are the run's
+    (out / 'params.npz').unlink()
+    job, _ = _session_job(tmp_path, 'run', flags=['--resume'])
+    rc, stdout, err = _ended(job)
+    assert rc == 0, err[-3000:]
+    assert 'resumed from %s after its last epoch, nothing left to train (iteration 150)' \
+        % (out / 'checkpoint.h5') in stdout, stdout[-3000:]
+    _assert_same_run(straight, out, 150)
 
 
 def test_a_restart_resumes_from_the_clocks_checkpoint_within_the_epoch(tmp_path, straight):

@@ -286,17 +286,19 @@ class _Checkpoints(object):
         """How many steps of epoch ``epoch`` to load again without a step (resume)."""
         return self.point.steps_in_epoch if self.point and epoch == self.point.epochs_done else 0
 
-    def resumed(self):
+    def resumed(self, finished=False):
         """Load the checkpoint's state now (the model is where it was); the epoch's
-        ``(losses, errors)`` so far."""
+        ``(losses, errors)`` so far. ``finished``: the checkpoint is the run's end."""
         point, self.point = self.point, None
         self.ckpt.restore(point)
         h, st = self.hooks, self.stepper
         within = (', step %d of %d' % (point.steps_in_epoch, st.iters_per_epoch)
                   if point.steps_in_epoch else '')
-        self.log('%sresumed from %s at epoch %d%s (iteration %d)' % (
+        where = ('after its last epoch, nothing left to train' if finished else
+                 'at epoch %d%s' % (point.epochs_done + 1, within))
+        self.log('%sresumed from %s %s (iteration %d)' % (
             'restart %d of %d: ' % (h.attempt, h.max_restarts) if h.attempt else '',
-            self.ckpt.path, point.epochs_done + 1, within, st.iteration))
+            self.ckpt.path, where, st.iteration))
         return self.ckpt.so_far.losses, self.ckpt.so_far.errors
 
     def after_step(self, epoch, steps_done):
@@ -376,6 +378,10 @@ def _train_epochs(model, stepper, opts, comm, history, log, title, ckpt=None, ho
         if done:
             break
         checkpoints.epoch_end(epoch + 1, last=epoch + 1 == n_epochs)  # the next epoch's start
+    if checkpoints.point is not None:
+        # resumed from the checkpoint of a finished run: nothing left to train, its
+        # state is the run's end
+        checkpoints.resumed(finished=True)
 
 
 def _train_epoch(model, stepper, opts, recorder, hooks, checkpoints, epoch):
