@@ -192,19 +192,22 @@ def test_a_signal_to_one_rank_with_continue_writes_the_checkpoint_and_goes_on(tm
 
 def test_a_restart_resumes_from_the_clocks_checkpoint_within_the_epoch(tmp_path, straight):
     """``CHECKPOINT_EVERY_S`` (rank 0's clock, agreed after each step) under
-    ``MAX_RESTARTS``: with a clock shorter than a step every step is checkpointed,
-    so rank 1 SIGKILLed after iteration 70 (epoch 2) costs one iteration, not the
-    20 since the epoch's end; the restarted job ends with the straight bits."""
+    ``MAX_RESTARTS``: with a clock of 1 ms (about a step and its checkpoint here)
+    rank 1 SIGKILLed after iteration 70 (epoch 2) costs a few iterations, not the
+    20 since the epoch's end; the restart resumes within epoch 2 and the job ends
+    with the straight bits. (Which step rank 0's clock picks last depends on the
+    machine's speed: CI's resumed from 68, a quiet run from 69.)"""
     from theanompi_ext.train import restarts
     job, out = _session_job(tmp_path, 'run', 'MAX_RESTARTS=1\nRESTART_BACKOFF_S=0\n'
                             'CHECKPOINT_EVERY_S=0.001\n', '0:1:70:kill')
     rc, stdout, err = _ended(job)
     assert rc == 0, err[-3000:]
     [f] = json.loads((out / restarts.LOG_NAME).read_text())['failures']
-    assert (f['rank'], f['restarted'], f['failed_at_iteration'], f['resumed_from_iteration'],
-            f['iterations_lost']) == (1, True, 70, 69, 1), f
-    assert 'restart 1 of 1: resumed from %s at epoch 2, step 19 of 50 (iteration 69)' \
-        % (out / 'checkpoint.h5') in stdout, stdout[-3000:]
+    at = f['resumed_from_iteration']
+    assert (f['rank'], f['restarted'], f['failed_at_iteration'], f['iterations_lost']) == \
+        (1, True, 70, 70 - at) and 50 < at < 70, f
+    assert 'restart 1 of 1: resumed from %s at epoch 2, step %d of 50 (iteration %d)' \
+        % (out / 'checkpoint.h5', at - 50, at) in stdout, stdout[-3000:]
     _assert_same_run(straight, out, 150)
 
 
