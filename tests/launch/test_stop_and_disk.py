@@ -272,7 +272,8 @@ def test_rank_stopped_in_a_write_ends_the_job_naming_it(tmp_path, fault, rank):
     rank 1 waits for it) or inside the final outputs: the watchdog's
     write_timeout_s ends the job with exit status 4, naming the stopped rank and
     the file; the previous checkpoint is on disk, whole (under Open MPI, or the one
-    the stopped rank was about to write, whole)."""
+    the stopped rank was about to write, whole; or that write cut by Open MPI's
+    SIGKILL, its temporary then removed by the next start)."""
     run = tmp_path / 'run'
     path = write_cfg(str(tmp_path / 'cfg.json'), out=str(run), checkpoint_every=2,
                      write_timeout_s=3, stall_warn_s=1)
@@ -293,7 +294,16 @@ def test_rank_stopped_in_a_write_ends_the_job_naming_it(tmp_path, fault, rank):
                      r"step \d+ \(write_timeout_s=3\); not arrived: rank %d \(pid %d on \S+\) "
                      r"no answer" % (other, re.escape(what), rank, pid), err), err[-3000:]
     previous = 6 if fault == 'stopfinal' else 2
-    assert not temporaries(run)
+    left = temporaries(run)
+    if left and is_openmpi(mpiexec()) and rank == 0:
+        # Open MPI's SIGKILL 0.5 s after its SIGCONT can cut the write the stopped
+        # writer resumed (a loaded machine: once in CI): its temporary stays, as any
+        # SIGKILLed writer's, and the next start on the folder removes it
+        from theanompi_ext.files.stale import remove_stale_temporaries
+        assert all(n.endswith('.tmp-%d' % pid) for n in left), (pid, left)   # the writer's
+        assert sorted(remove_stale_temporaries(str(run))) == sorted(left)
+        left = temporaries(run)
+    assert not left
     if not is_openmpi(mpiexec()):
         # hydra SIGKILLs every rank on MPI_Abort, the stopped one included
         assert good_checkpoint(run / checkpoint.FILENAME) == previous
