@@ -105,7 +105,8 @@ def restart_settings(options):
     """Pop the job process's options from ``options``: ``{name: value}``
     (ValueError for a bad value, for ``max_restarts``, ``resume``,
     ``checkpoint_signal`` or ``checkpoint_every_s`` without ``out``, for
-    ``resume`` without a good checkpoint there, and for ``on_checkpoint_signal='stop'`` without a signal).
+    ``resume`` without a good checkpoint there, and for
+    ``on_checkpoint_signal='stop'`` without a signal).
     ``checkpoint_signal`` stays in ``options`` (the ranks catch it), canonical."""
     from ..train.checkpoint_request import canonical_name
     got = {}

@@ -14,9 +14,9 @@ Flags, as Theano-MPI's launcher spells them: ``-cfg=F`` / ``--config=F``
 ``-bsp_exch_strategy=``; and ``--dry-run`` (ours: build the model once
 here and print the plan, the backward chunks found included, without
 launching, :mod:`~theanompi_ext.theanompi_compat.dry_run`) and ``--resume``
-(ours: the key ``RESUME=1``, start from ``OUT/checkpoint.h5``). Any other flag (Theano-MPI's ``-bind``, ``-s``)
-is an error, not ignored. A flag and a session key that disagree are an
-error.
+(ours: the key ``RESUME=1``, start from ``OUT/checkpoint.h5``). Any other
+flag (Theano-MPI's ``-bind``, ``-s``) is an error, not ignored. A flag and
+a session key that disagree are an error.
 
 Session file: Theano-MPI's (a bash file of ``KEY=VALUE`` lines, ``#``
 comments, quoted values, ``DEVICES=("node0:cuda0" "node1:cuda0,cuda1")``
