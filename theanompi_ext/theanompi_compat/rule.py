@@ -108,7 +108,7 @@ def restart_settings(options):
     ``resume`` without a good checkpoint there, and for
     ``on_checkpoint_signal='stop'`` without a signal).
     ``checkpoint_signal`` stays in ``options`` (the ranks catch it), canonical."""
-    from ..train.checkpoint_request import canonical_name
+    from .options import OPTION_DEFAULTS
     got = {}
     for key, (default, parse) in RESTART_OPTIONS.items():
         raw = options.pop(key, default)
@@ -122,28 +122,23 @@ def restart_settings(options):
     if got['max_restarts'] and not out:
         raise ValueError('option max_restarts: a restart resumes from OUT/checkpoint.h5, which '
                          'rank 0 writes at the end of every epoch: give the option out')
-    raw = options.get('checkpoint_signal', '')
-    try:
-        signal_name = canonical_name(raw)
-    except ValueError as exc:
-        raise ValueError('option checkpoint_signal=%r: %s' % (raw, exc))
+
+    def parsed(key):       # as the ranks parse it (options.OPTION_DEFAULTS)
+        default, parse = OPTION_DEFAULTS[key]
+        raw = options.get(key, default)
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise ValueError('option %s=%r: %s' % (key, raw, exc))
+    signal_name = parsed('checkpoint_signal')
     if signal_name:
         options['checkpoint_signal'] = signal_name
-    if signal_name and not out:
-        raise ValueError('option checkpoint_signal: the checkpoint it asks for is written to '
-                         'OUT/checkpoint.h5: give the option out')
-    raw = options.get('checkpoint_every_s', 0)
-    try:
-        every_s = float(raw)
-        if not every_s >= 0:
-            raise ValueError('must be >= 0 seconds')
-    except ValueError as exc:
-        raise ValueError('option checkpoint_every_s=%r: %s' % (raw, exc))
-    if every_s and not out:
-        raise ValueError('option checkpoint_every_s: the checkpoint is written to '
-                         'OUT/checkpoint.h5: give the option out')
-    if str(options.get('on_checkpoint_signal', '')).strip().lower() == 'stop' and \
-            not signal_name:
+    for key, value in (('checkpoint_signal', signal_name),
+                       ('checkpoint_every_s', parsed('checkpoint_every_s'))):
+        if value and not out:
+            raise ValueError('option %s: the checkpoint is written to OUT/checkpoint.h5: '
+                             'give the option out' % key)
+    if parsed('on_checkpoint_signal') == 'stop' and not signal_name:
         raise ValueError('option on_checkpoint_signal: stop after the checkpoint of which '
                          'signal? Give the option checkpoint_signal, e.g. USR1')
     if got['resume']:

@@ -269,7 +269,7 @@ class _Checkpoints(object):
     def __init__(self, ckpt, stepper, opts, hooks, log, point=None):
         self.ckpt, self.stepper, self.opts, self.hooks, self.log = ckpt, stepper, opts, hooks, log
         self.point, self.signalled = point, None
-        self.every_s = float(opts.get('checkpoint_every_s') or 0) if ckpt is not None else 0.0
+        self.every_s = opts.get('checkpoint_every_s', 0.0) if ckpt is not None else 0.0
         self.voting = ckpt is not None and bool(opts['checkpoint_signal'] or self.every_s)
         self._last_save_t = time.monotonic()
 
@@ -328,18 +328,11 @@ class _Checkpoints(object):
             self._after_signalled(last)
 
     def _after_signalled(self, last):
-        # as the trainer's: with stop, every rank ends here (75), unless nothing is
-        # left to resume
         signum, self.signalled = self.signalled, None
-        if signum is None:
-            return
-        import signal
-        from ..errors import StoppedToResume
-        if self.opts['on_checkpoint_signal'] == 'stop' and not last:
-            raise StoppedToResume(signum, self.stepper.iteration, self.ckpt.path, HOW_TO_RESUME)
-        self.log('checkpoint of iteration %d written, as %s asked (%s)%s'
-                 % (self.stepper.iteration, signal.Signals(signum).name, self.ckpt.path,
-                    '' if last else '; training goes on'))
+        if signum is not None:
+            checkpoint_request.after_checkpoint(signum, self.opts['on_checkpoint_signal'],
+                                                self.stepper.iteration, self.ckpt.path, last,
+                                                self.log, HOW_TO_RESUME)
 
 
 def _train_epochs(model, stepper, opts, comm, history, log, title, ckpt=None, hooks=None,

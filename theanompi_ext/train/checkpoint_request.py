@@ -154,6 +154,20 @@ def vote(comm, iteration, timeout_s, clock_due=False):
     return bool(votes[0]), bool(votes[1])
 
 
+def after_checkpoint(signum, then, iteration, path, finished, log, how='--resume'):
+    """After the checkpoint of ``iteration`` (at ``path``) that signal ``signum``
+    asked for: with ``then == 'stop'`` every rank ends here
+    (:class:`~theanompi_ext.errors.StoppedToResume`, 75; ``how``: how to
+    resume), unless the run is ``finished`` (nothing would be left to resume);
+    otherwise rank 0's ``log`` says so and training goes on."""
+    if then == 'stop' and not finished:
+        from ..errors import StoppedToResume
+        raise StoppedToResume(signum, iteration, path, how)
+    log('checkpoint of iteration %d written, as %s asked (%s)%s'
+        % (iteration, signal.Signals(signum).name, path,
+           '' if finished else '; training goes on'))
+
+
 def _clear_pending(signum):
     """Take the pending ``signum`` (it is pending: neither call waits)."""
     if hasattr(signal, 'sigtimedwait'):      # Linux

@@ -242,16 +242,10 @@ class Trainer(object):
         signum, self.checkpoint_signalled = self.checkpoint_signalled, None
         if signum is None:
             return
-        import signal
-        cfg = self.cfg
-        end = cfg.total_iterations(self.iters_per_epoch)
-        if cfg.on_checkpoint_signal == 'stop' and self.iteration < end:
-            # (at the last iteration the run finishes instead: nothing is left to resume)
-            from ..errors import StoppedToResume
-            raise StoppedToResume(signum, self.iteration, self.checkpoint_path())
-        self.log('checkpoint of iteration %d written, as %s asked (%s)%s'
-                 % (self.iteration, signal.Signals(signum).name, self.checkpoint_path(),
-                    '; training goes on' if self.iteration < end else ''))
+        end = self.cfg.total_iterations(self.iters_per_epoch)
+        checkpoint_request.after_checkpoint(signum, self.cfg.on_checkpoint_signal,
+                                            self.iteration, self.checkpoint_path(),
+                                            self.iteration >= end, self.log)
 
     def checkpoint_path(self):
         """Where this run's checkpoint lives."""
