@@ -1,8 +1,16 @@
-"""``bench compare`` on emulated hosts and its statistics (no root, no MPI: fast)."""
+"""``bench compare`` on emulated hosts and its statistics, and the emulated hosts'
+settings refused by name (no root, no MPI: fast)."""
+import subprocess
+import sys
+
 import pytest
 
+from support.paths import ROOT
 from theanompi_ext.bench import compare, compare_stats, compare_verdicts
-from theanompi_ext.launch.emulated_network import format_network, hosts_layout, parse_network
+from theanompi_ext.errors import EXIT_BAD_INPUT
+from theanompi_ext.launch.emulated_hosts import DEFAULT_QUEUE, EmulatedHosts
+from theanompi_ext.launch.emulated_network import (format_network, hosts_layout, hosts_queue,
+                                                   parse_network, tc_time)
 
 
 def test_hosts_network_setting_parses():
@@ -13,6 +21,43 @@ def test_hosts_network_setting_parses():
     for bad in ('hosts:2x2', 'hosts:0x2:200mbit', 'hosts:2:200mbit', 'hosts:2x2:fast'):
         with pytest.raises(ValueError):
             parse_network(bad)
+
+
+def test_hosts_network_setting_with_a_queue():
+    net = parse_network('hosts:2x2:200mbit:50ms')
+    assert format_network(net) == 'hosts:2x2:200mbit:50ms'
+    assert hosts_layout(net) == (2, 2, '200mbit') and hosts_queue(net) == '50ms'
+    assert hosts_queue(parse_network('hosts:2x2:200mbit')) is None
+    for bad in ('hosts:2x2:200mbit:fast', 'hosts:2x2:200mbit:0ms', 'hosts:2x2:200mbit:50'):
+        with pytest.raises(ValueError, match='queue of network'):
+            parse_network(bad)
+
+
+def test_tc_times_and_the_emulated_hosts_settings_refused_by_name():
+    assert [tc_time(t, 'x') for t in ('50ms', '1s', '1.5s', '250us', '2sec')] == \
+        pytest.approx([0.05, 1.0, 1.5, 250e-6, 2.0])
+    for bad in ('0ms', '50', '-1s', '50 parsecs', '1.2.3s'):
+        with pytest.raises(ValueError, match="--queue '"):
+            tc_time(bad, '--queue')
+    # before anything is made, so without root too
+    with pytest.raises(ValueError, match="queue 'fast'"):
+        EmulatedHosts(2, 2, '200mbit', queue='fast')
+    with pytest.raises(ValueError, match="delay '5 ms'"):
+        EmulatedHosts(2, 2, '200mbit', delay='5 ms')
+    assert tc_time(DEFAULT_QUEUE, 'q') >= 0.5        # lossless at 2 x 2 here from 0.5 s
+
+
+@pytest.mark.parametrize('argv', [
+    ['-m', 'theanompi_ext.launch.emulated_hosts', '--queue', 'fast', '--', 'true'],
+    ['-m', 'theanompi_ext.cli', 'bench', 'hosts', '--queue', 'fast'],
+    ['-m', 'theanompi_ext.cli', 'bench', 'hosts', '--delay', '5'],
+])
+def test_a_bad_queue_or_delay_on_the_command_line(argv):
+    res = subprocess.run([sys.executable] + argv, capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert res.returncode == EXIT_BAD_INPUT, res.stdout + res.stderr
+    flag = argv[argv.index('--queue') if '--queue' in argv else argv.index('--delay')]
+    assert "%s '" % flag in res.stderr and 'tc units' in res.stderr, res.stderr
 
 
 def test_ddp_rendezvous_on_the_first_host():

@@ -16,8 +16,10 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
     p.add_argument('--network', action='append', default=None, metavar='NET',
                    help="network between the ranks: 'shm' (shared memory, default) or "
                         "'tbf:RATE', TCP in a network namespace shaped to RATE, e.g. tbf:%s, or "
-                        "'hosts:HxR:RATE', H emulated hosts of R ranks, shared memory within "
-                        "a host and RATE between hosts, e.g. hosts:2x2:200mbit (both need root); "
+                        "'hosts:HxR:RATE[:QUEUE]', H emulated hosts of R ranks, shared memory "
+                        "within a host and RATE between hosts, e.g. hosts:2x2:200mbit (QUEUE: how "
+                        "long a packet may wait at a link, default 1s, lossless; 50ms drops) "
+                        "(both need root); "
                         "repeat to measure several" % network_example)
     p.add_argument('--json', default='', metavar='FILE', type=output_path, help=json_help)
     p.add_argument('--timeout', type=float, default=timeout_s, metavar='S',
@@ -67,7 +69,7 @@ def run_job(module, spec, net, ranks, timeout, env_extra=None, python=None):
 
     ``net`` is a parsed network (see
     :func:`theanompi_ext.launch.emulated_network.parse_network`; on
-    ``hosts:HxR:RATE`` the job gets fresh emulated hosts, H x R ranks);
+    ``hosts:HxR:RATE[:QUEUE]`` the job gets fresh emulated hosts, H x R ranks);
     ``env_extra`` overrides variables of the ranks' environment. The spec
     gets ``out`` (where rank 0 writes its result as JSON, see
     :func:`rank_main`) and ``network``; that result is returned. Raises

@@ -64,11 +64,11 @@ are over every measured step of every job.
 Networks: ``shm`` (this machine: MPI over shared memory, gloo over TCP on
 the loopback), ``tbf:RATE`` (both in a network namespace whose loopback
 is rate-limited, MPI forced onto TCP; needs root, see
-:mod:`theanompi_ext.launch.emulated_network`) and ``hosts:HxR:RATE`` (H
-emulated hosts of R ranks, ``--ranks`` ignored: MPI over shared memory
-within a host and TCP between hosts; DDP's ranks started on the hosts the
-same way, gloo's store on the first host's address; needs root, see
-:mod:`theanompi_ext.launch.emulated_hosts`).
+:mod:`theanompi_ext.launch.emulated_network`) and ``hosts:HxR:RATE[:QUEUE]``
+(H emulated hosts of R ranks, their links' queue QUEUE, lossless by default;
+``--ranks`` ignored: MPI over shared memory within a host and TCP between
+hosts; DDP's ranks started on the hosts the same way, gloo's store on the
+first host's address; needs root, see :mod:`theanompi_ext.launch.emulated_hosts`).
 
 The parts: this module (the command, its jobs), :mod:`.compare_systems`
 (what is compared), :mod:`.compare_rank` (our side in each rank; DDP's is

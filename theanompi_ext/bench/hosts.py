@@ -2,7 +2,9 @@
 
 Makes ``--hosts`` H emulated hosts of ``--ranks-per-host`` R ranks
 (launch/emulated_hosts.py: shared memory within a host, TCP between hosts,
-each host's link shaped to ``--rate``) and times, for each size, in
+each host's link shaped to ``--rate``, with a queue of ``--queue``: by
+default deep enough that nothing is dropped there, as the simulator
+assumes) and times, for each size, in
 alternating blocks on the same ranks:
 
 ``flat``      MPI's own ``Allreduce`` on COMM_WORLD (MPICH picks its algorithm)
@@ -50,6 +52,7 @@ import numpy as np
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..files.atomic import write_json
+from ..launch.emulated_hosts import DEFAULT_QUEUE
 from ..simulate.host import machine_cores
 from .allreduce import format_size, parse_size
 
@@ -68,6 +71,10 @@ def register(sub):
     p.add_argument('--rate', default='200mbit', help="each host's link, tc units "
                                                      '(default %(default)s)')
     p.add_argument('--delay', default=None, help='added between hosts, tc units (e.g. 1ms)')
+    p.add_argument('--queue', default=None, metavar='TIME',
+                   help='how long a packet may wait at a link before it is dropped, tc units '
+                        '(default %s: lossless; 50ms: a shallow queue that TCP overflows)'
+                        % DEFAULT_QUEUE)
     p.add_argument('--sizes', default=None, metavar='LIST',
                    help='bytes, comma-separated, K/M suffixes (default 256K,1M,4M,16M)')
     p.add_argument('--reps', type=int, default=5, metavar='N',
@@ -87,8 +94,12 @@ def register(sub):
 def main(args):
     """Make the hosts, run the ranks, print the table."""
     from ..launch.emulated_hosts import EmulatedHosts
-    from ..launch.emulated_network import NetworkSetupError, tbf_link
+    from ..launch.emulated_network import NetworkSetupError, tbf_link, tc_time
+    queue = args.queue or DEFAULT_QUEUE
     try:
+        tc_time(queue, '--queue')
+        if args.delay is not None:
+            tc_time(args.delay, '--delay')
         sizes = [parse_size(s) for s in args.sizes.split(',')] if args.sizes else \
             list(DEFAULT_SIZES)
         rate_Bps = tbf_link(args.rate)[0]
@@ -101,7 +112,8 @@ def main(args):
                 pieces_kb=[int(k) for k in args.pieces_kb.split(',') if k])
     cpu_costs = local_cpu_costs()       # before the ranks run: this process alone
     try:
-        with EmulatedHosts(args.hosts, args.ranks_per_host, args.rate, args.delay) as eh:
+        with EmulatedHosts(args.hosts, args.ranks_per_host, args.rate, args.delay,
+                           queue=queue) as eh:
             res = run_on_hosts(eh, spec, args.timeout)
             res['link_events'] = {h: eh.link_events(h) for h in eh.hosts}
             res['load'] = list(os.getloadavg())
@@ -109,7 +121,8 @@ def main(args):
         sys.stderr.write('theanompi-ext bench hosts: %s\n' % exc)
         return EXIT_CHECK_FAILED
     res.update(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=args.rate,
-               delay=args.delay, rate_Bps=rate_Bps, cpu=dict(cpu_costs, cores=machine_cores()))
+               delay=args.delay, queue=queue, rate_Bps=rate_Bps,
+               cpu=dict(cpu_costs, cores=machine_cores()))
     print(format_table(res))
     if args.json:
         write_json(args.json, res, 'the results', indent=1)
@@ -207,9 +220,11 @@ def format_table(res):
     methods = res['methods']
     head = '%8s %9s %9s' % ('size', 'bound ms', 'ring ms') + ''.join(
         ' %9s %6s' % (m + ' ms', 'x bnd') for m in methods)
-    lines = ['allreduce on %d emulated hosts x %d ranks, %s links%s (%s)' % (
+    # results written before the queue was an option had tbf's 50 ms
+    lines = ['allreduce on %d emulated hosts x %d ranks, %s links%s, %s queue (%s)' % (
         res['hosts'], res['ranks_per_host'], res['rate'],
-        ', +%s' % res['delay'] if res.get('delay') else '', res['mpi']), head]
+        ', +%s' % res['delay'] if res.get('delay') else '', res.get('queue', '50ms'),
+        res['mpi']), head]
     missed = []
     for r in res['rows']:
         line = '%8s' % format_size(r['bytes'])

@@ -29,7 +29,9 @@ its out-of-band and TCP traffic kept on the hosts' subnet.
 ``THEANOMPI_EXT_LAUNCH_AGENT`` to WRAPPER, for ``launch/reach.py``), so
 ``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
 hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
-and up during a run; ``rate`` (tbf) and ``delay`` (netem) shape every link.
+and up during a run; ``rate`` (tbf) and ``delay`` (netem) shape every link,
+and ``queue`` sets how long a packet may wait at a shaped link (tbf's queue:
+deep enough by default that the project's collectives lose nothing there).
 Shared memory still works within a host (the ranks of one host share /dev/shm).
 
 Cleanup: leaving the block kills every process in our namespaces and deletes
@@ -38,8 +40,8 @@ block (SIGKILL); :func:`cleanup_stale` (called on entering) removes what a
 dead process left. Namespaces are named ``tmxhosts<pid>-hub``/``-h<i>``.
 
 For a user: ``python -m theanompi_ext.launch.emulated_hosts --hosts 2 --ranks 2
-[--rate 200mbit] [--delay 5ms] -- theanompi-ext train --workers 4 --hostfile
-'$TMX_HOSTFILE' ...`` (the hostfile's path is also in ``$TMX_HOSTFILE``).
+[--rate 200mbit] [--delay 5ms] [--queue 50ms] -- theanompi-ext train --workers 4
+--hostfile '$TMX_HOSTFILE' ...`` (the hostfile's path is also in ``$TMX_HOSTFILE``).
 """
 import argparse
 import os
@@ -53,8 +55,8 @@ import tempfile
 
 from .. import output_faults, stop_signals
 from .awake import wait_awake
-from .emulated_network import (DEFAULT_BURST, DEFAULT_LATENCY, NetworkSetupError, hosts_layout,
-                               delete_namespace, namespaces, netns_problem, tbf_link)
+from .emulated_network import (DEFAULT_BURST, NetworkSetupError, hosts_layout, hosts_queue,
+                               delete_namespace, namespaces, netns_problem, tbf_link, tc_time)
 from ..files.stale import pid_alive
 from .hostlists import format_hostfile
 from .mpiexec import MPIEXEC_VAR, find_mpiexec, is_openmpi
@@ -68,6 +70,13 @@ HOST_DEV = 'eth0'
 #: What hydra's proxies get besides the launcher: TCP (libfabric) between hosts,
 #: on each host's link rather than its loopback.
 HOSTS_ENV = {'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp', 'FI_TCP_IFACE': HOST_DEV}
+#: How long a packet may wait in a shaped link's queue (tbf's ``latency``: the queue
+#: holds rate x this + the burst). At 200 Mbit/s 1 s holds 25 MB, more than the TCP
+#: windows of the flows that meet there (4 MB each at most, tcp_wmem), so the
+#: links are lossless, as the simulator's are; 50 ms (1.25 MB) dropped 31-87
+#: packets per 2 x 2 run of 4-16 MB allreduces, 500 ms and 1 s none
+#: (docs/exchange-across-hosts.md, "The links' queue"). ``queue=`` chooses another.
+DEFAULT_QUEUE = '1s'
 #: mpiexec options that only ask a question (no launch): passed through untouched.
 QUERY_OPTIONS = ('--version', '-version', '-info', '--info', '-h', '-help', '--help')
 
@@ -101,7 +110,7 @@ def host_address(i):
 def run_on_hosts(argv, net, env, timeout=None):
     """Run ``argv`` on every slot of fresh emulated hosts; returns the exit status.
 
-    ``net``: a parsed ``hosts:HxR:RATE`` setting
+    ``net``: a parsed ``hosts:HxR:RATE[:QUEUE]`` setting
     (:func:`~.emulated_network.hosts_layout`); ``env``: the ranks' environment
     (the hosts' mpiexec variables added); after ``timeout`` seconds every rank
     is stopped (:data:`~theanompi_ext.errors.EXIT_TIMED_OUT`). The hosts are
@@ -109,7 +118,7 @@ def run_on_hosts(argv, net, env, timeout=None):
     """
     from .mpiexec import mpiexec_command, popen_job, wait_job
     hosts, per_host, rate = hosts_layout(net)
-    with EmulatedHosts(hosts, per_host, rate) as eh:
+    with EmulatedHosts(hosts, per_host, rate, queue=hosts_queue(net) or DEFAULT_QUEUE) as eh:
         cmd = mpiexec_command(hosts * per_host, argv, hostfile=eh.hostfile,
                               mpiexec=eh.mpiexec)
         return wait_job(popen_job(cmd, eh.env(env)), timeout)
@@ -217,7 +226,9 @@ class EmulatedHosts(object):
 
     ``rate``: tc units ('200mbit'), each host's link in both directions (tbf);
     ``delay``: tc time ('5ms'), added once to every packet between two hosts
-    (netem, applied where it leaves a host). Raises
+    (netem, applied where it leaves a host); ``queue``: tc time, how long a packet
+    may wait at a shaped link before tbf drops it (default :data:`DEFAULT_QUEUE`:
+    lossless; '50ms' a shallow, switch-like queue that TCP overflows). Raises
     :class:`~theanompi_ext.launch.emulated_network.NetworkSetupError` on entering
     when they cannot be made (not root, no iproute2, no netem in the kernel).
     ``unshared``: ``{host (name or index): [folder, ...]}``, folders that host does
@@ -226,13 +237,17 @@ class EmulatedHosts(object):
     """
 
     def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None, mpiexec=None,
-                 unshared=None):
+                 unshared=None, queue=DEFAULT_QUEUE):
         if int(hosts) < 1 or int(hosts) > 250 or int(ranks_per_host) < 1:
             raise ValueError('hosts must be 1..250 and ranks_per_host >= 1')
+        # ValueErrors now, naming the setting, rather than tc's words later
         if rate is not None:
-            tbf_link(rate)                      # ValueError now rather than tc's later
+            tbf_link(rate)
+        if delay is not None:
+            tc_time(delay, 'delay')
+        tc_time(queue, 'queue')
         self.n, self.ranks_per_host = int(hosts), int(ranks_per_host)
-        self.rate, self.delay = rate, delay
+        self.rate, self.delay, self.queue = rate, delay, queue
         self.hosts = [host_name(i) for i in range(self.n)]
         self.unshared = {}
         for host, folders in (unshared or {}).items():
@@ -301,7 +316,7 @@ class EmulatedHosts(object):
 
     def _shape(self, ns, dev, delay):
         tc = ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', dev]
-        tbf = ['tbf', 'rate', str(self.rate), 'burst', DEFAULT_BURST, 'latency', DEFAULT_LATENCY]
+        tbf = ['tbf', 'rate', str(self.rate), 'burst', DEFAULT_BURST, 'latency', str(self.queue)]
         try:
             if delay and self.rate:
                 _ip(*tc + ['root', 'handle', '1:', 'netem', 'delay', str(delay)])
@@ -422,13 +437,23 @@ def main(argv=None):
     p.add_argument('--ranks', type=int, default=2, help='ranks (slots) per host')
     p.add_argument('--rate', default=None, help='each link, tc units (e.g. 200mbit)')
     p.add_argument('--delay', default=None, help='between hosts, tc units (e.g. 5ms; netem)')
+    p.add_argument('--queue', default=DEFAULT_QUEUE,
+                   help='how long a packet may wait at a shaped link, tc units (default '
+                        '%(default)s: lossless; 50ms: a shallow queue that drops)')
     p.add_argument('command', nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ['--'] else args.command
     if not cmd:
         p.error('no command given (after --)')
     try:
-        with EmulatedHosts(args.hosts, args.ranks, args.rate, args.delay) as eh:
+        tc_time(args.queue, '--queue')          # named as the user typed them
+        if args.delay is not None:
+            tc_time(args.delay, '--delay')
+        hosts = EmulatedHosts(args.hosts, args.ranks, args.rate, args.delay, queue=args.queue)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
+        with hosts as eh:
             print('emulated hosts: %s; hostfile %s; mpiexec %s' % (
                 ', '.join('%s=%s' % (h, eh.address(h)) for h in eh.hosts), eh.hostfile,
                 eh.mpiexec), file=sys.stderr, flush=True)
@@ -447,8 +472,9 @@ def main(argv=None):
         return 2
 
 
-__all__ = ['EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'cleanup_stale', 'host_address', 'host_name',
-           'hosts_problem', 'owned_namespaces', 'remove_namespaces', 'run_on_hosts', 'tcp_counters']
+__all__ = ['DEFAULT_QUEUE', 'EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'cleanup_stale',
+           'host_address', 'host_name', 'hosts_problem', 'owned_namespaces',
+           'remove_namespaces', 'run_on_hosts', 'tcp_counters']
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -5,10 +5,12 @@ A *network setting* is what ``--network`` takes, parsed into a
 
 ``shm``          the ranks on this machine, MPI over shared memory (nothing
                  is emulated; the job runs as it is).
-``hosts:HxR:RATE`` e.g. ``hosts:2x2:200mbit``: H emulated hosts of R ranks
-                 (:mod:`.emulated_hosts`: shared memory within a host, TCP
-                 between hosts, each host's link shaped to RATE); the
-                 ``rate`` field holds ``HxR:RATE`` (:func:`hosts_layout`).
+``hosts:HxR:RATE[:QUEUE]`` e.g. ``hosts:2x2:200mbit``: H emulated hosts of R
+                 ranks (:mod:`.emulated_hosts`: shared memory within a host,
+                 TCP between hosts, each host's link shaped to RATE, with a
+                 queue of QUEUE, a tc time such as 50ms: its default is
+                 lossless); the ``rate`` field holds ``HxR:RATE[:QUEUE]``
+                 (:func:`hosts_layout`).
 ``tbf:RATE``     e.g. ``tbf:200mbit``: the ranks run inside a fresh network
                  namespace whose loopback is rate-limited by the ``tbf``
                  queueing discipline (:class:`RateLimitedNamespace`), and
@@ -50,9 +52,12 @@ from .mpiexec import popen_job, wait_job
 # MPI ignores the other's).
 TCP_ENV = {'MPIR_CVAR_NOLOCAL': '1', 'MPIR_CVAR_CH4_NETMOD': 'ofi', 'FI_PROVIDER': 'tcp',
            'OMPI_MCA_pml': 'ob1', 'OMPI_MCA_btl': 'tcp,self', 'OMPI_MCA_btl_tcp_if_include': 'lo'}
-# The tbf shaping besides the rate (tc units).
+# The tbf shaping besides the rate (tc units). ``latency`` is how long a packet may
+# wait in tbf's queue, i.e. its size (rate x latency + burst): the loopback mode's
+# 50 ms; emulated hosts choose their own (emulated_hosts.DEFAULT_QUEUE).
 DEFAULT_BURST = '256kb'
 DEFAULT_LATENCY = '50ms'
+TC_TIME = {'s': 1.0, 'sec': 1.0, 'ms': 1e-3, 'msec': 1e-3, 'us': 1e-6, 'usec': 1e-6}
 # tc's units: rates in 1000s (bits, or bytes with 'bps'), sizes in 1024s.
 TC_RATE = {'bit': 1.0, 'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9,
            'bps': 8.0, 'kbps': 8e3, 'mbps': 8e6, 'gbps': 8e9}
@@ -74,24 +79,37 @@ class NetworkSetupError(RuntimeError):
 
 def parse_network(text):
     """'shm' -> ('shm', None); 'tbf:200mbit' -> ('tbf', '200mbit');
-    'hosts:2x2:200mbit' -> ('hosts', '2x2:200mbit'); ValueError otherwise."""
+    'hosts:2x2:200mbit' -> ('hosts', '2x2:200mbit'), 'hosts:2x2:200mbit:50ms' -> ('hosts',
+    '2x2:200mbit:50ms'); ValueError otherwise."""
     if text == 'shm':
         return Network('shm', None)
     kind, _, rate = text.partition(':')
     if kind == 'tbf' and re.fullmatch(RATE_RE, rate or ''):
         return Network('tbf', rate)
-    if kind == 'hosts' and re.fullmatch(r'[1-9]\d*x[1-9]\d*:' + RATE_RE, rate or ''):
-        return Network('hosts', rate)
+    if kind == 'hosts' and re.fullmatch(r'[1-9]\d*x[1-9]\d*:' + RATE_RE + r'(:[^:]+)?',
+                                        rate or ''):
+        net = Network('hosts', rate)
+        if hosts_queue(net) is not None:
+            tc_time(hosts_queue(net), 'the queue of network %r' % text)
+        return net
     raise ValueError("unknown network %r: use 'shm', 'tbf:RATE' (e.g. tbf:200mbit) or "
-                     "'hosts:HxR:RATE' (e.g. hosts:2x2:200mbit)" % text)
+                     "'hosts:HxR:RATE[:QUEUE]' (e.g. hosts:2x2:200mbit, hosts:2x2:200mbit:50ms)"
+                     % text)
 
 
 def hosts_layout(net):
     """``(hosts, ranks per host, rate)`` of a 'hosts' setting (``('hosts', '2x2:200mbit')``
-    -> ``(2, 2, '200mbit')``)."""
-    layout, _, rate = net[1].partition(':')
+    -> ``(2, 2, '200mbit')``; a queue, if given, is :func:`hosts_queue`'s)."""
+    layout, rate = net[1].split(':')[:2]
     h, _, r = layout.partition('x')
     return int(h), int(r), rate
+
+
+def hosts_queue(net):
+    """The link queue of a 'hosts' setting (``'50ms'`` of ``hosts:2x2:200mbit:50ms``),
+    or None: the emulated hosts' default."""
+    parts = net[1].split(':')
+    return parts[2] if len(parts) > 2 else None
 
 
 def format_network(net):
@@ -108,6 +126,16 @@ def tbf_link(rate, burst=None):
     if not m or not b:
         raise ValueError('tbf rate %r / burst %r: not in tc units' % (rate, burst))
     return float(m.group(1)) * TC_RATE[m.group(2)] / 8, float(b.group(1)) * TC_SIZE[b.group(2)]
+
+
+def tc_time(text, what):
+    """Seconds of a time in tc's units ('50ms', '1s', '250us'), above zero; a
+    ValueError naming ``what`` (e.g. '--queue') otherwise."""
+    m = re.fullmatch(r'([0-9]*\.?[0-9]+)(%s)' % '|'.join(TC_TIME), str(text).strip())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError('%s %r: not a time in tc units above zero (e.g. 50ms, 1s, 250us)'
+                         % (what, text))
+    return float(m.group(1)) * TC_TIME[m.group(2)]
 
 
 def netns_problem():
@@ -204,5 +232,6 @@ def run_on_network(cmd, net, env, timeout=None):
 
 
 __all__ = ['DEFAULT_BURST', 'DEFAULT_LATENCY', 'Network', 'NetworkSetupError', 'TCP_ENV',
-           'RateLimitedNamespace', 'delete_namespace', 'format_network', 'hosts_layout', 'namespace_name',
-           'namespaces', 'netns_problem', 'parse_network', 'run_on_network', 'tbf_link']
+           'RateLimitedNamespace', 'delete_namespace', 'format_network', 'hosts_layout',
+           'hosts_queue', 'namespace_name', 'namespaces', 'netns_problem', 'parse_network',
+           'run_on_network', 'tbf_link', 'tc_time']
