@@ -220,6 +220,8 @@ def test_compare_quick_writes_json(quick_compare):
         assert r['wire_dtype'] == ('float16' if r['system'].endswith('-fp16') else 'float32')
         # --mpi-env reached our ranks (as they saw it), not DDP's
         assert r.get('mpi_env') == (None if r['system'].startswith('pytorch/') else QUICK_ENV)
+        # ours as `train` runs it: --topology auto, flat with every rank on one host
+        assert r.get('topology') == (None if r['system'].startswith('pytorch/') else 'flat')
     # Both projects move the same gradient bytes (BN gamma/beta included).
     assert len({r['grad_bytes'] for r in rows}) == 1
     # The compute step is shared by our wires: the same paired times.
@@ -281,6 +283,17 @@ def test_mpi_env_wants_key_value(item):
         ('K_1', 'x=y'), ('E', '')]
     with pytest.raises(SystemExit):
         p.parse_args(['--mpi-env', item])
+
+
+def test_compare_topology_reaches_our_ranks(tmp_path):
+    """``--topology two-level`` is what our ranks' allreduce runs as (one host of 2
+    ranks: the two-level sum within it), and the table's first line says so; the
+    ranks built the communicator as `train` does, not a flat one of their own."""
+    rows, res = run_bench_process(tmp_path, 'compare', '--quick', '--no-ddp', '--topology',
+                                  'two-level', timeout=300)
+    assert [r['topology'] for r in rows] == ['two-level rsag'] * 2
+    assert res.stdout.splitlines()[0].endswith('0.06 MB of gradients, our allreduce '
+                                               'two-level rsag'), res.stdout
 
 
 def test_compare_quick_ddp_fp16_hook(quick_compare):

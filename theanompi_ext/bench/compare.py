@@ -69,6 +69,9 @@ is rate-limited, MPI forced onto TCP; needs root, see
 ``--ranks`` ignored: MPI over shared memory within a host and TCP between
 hosts; DDP's ranks started on the hosts the same way, gloo's store on the
 first host's address; needs root, see :mod:`theanompi_ext.launch.emulated_hosts`).
+Our ranks' allreduce spans hosts as ``train``'s does (``--topology``, default
+``auto``: two-level on several hosts of several ranks); the table's first line
+says which ran.
 
 The parts: this module (the command, its jobs), :mod:`.compare_systems`
 (what is compared), :mod:`.compare_rank` (our side in each rank; DDP's is
@@ -80,6 +83,7 @@ import socket
 import sys
 
 from ..buckets.plan import DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB
+from ..collective.two_level import TOPOLOGIES
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK
 from ..launch.emulated_network import (NetworkSetupError, format_network, hosts_layout,
                                        parse_network)
@@ -130,6 +134,10 @@ def register(sub):
     p.add_argument('--ddp-fp16-hook', action='store_true',
                    help="also measure DDP with its fp16_compress_hook (gradients sent as "
                         "float16), one system per --ddp-bucket-cap-mb value, suffix -fp16")
+    p.add_argument('--topology', default='auto', choices=TOPOLOGIES,
+                   help="how our allreduce spans hosts, as `train --topology` (default "
+                        "%(default)s, train's: two-level on several hosts of several ranks, "
+                        "else flat); the table's first line says which ran")
     add_mpi_env_option(p)
     p.add_argument('--no-ddp', action='store_true',
                    help='measure only this project, not PyTorch DDP')
@@ -213,7 +221,7 @@ def make_spec(args):
                 launches=1 if quick else args.launches,
                 n_classes=10, ddp_bucket_caps_mb=caps, wire_dtypes=wires,
                 ddp_hooks=['none', 'fp16'] if args.ddp_fp16_hook else ['none'],
-                mpi_env=dict(args.mpi_env))
+                mpi_env=dict(args.mpi_env), topology=args.topology)
 
 
 def parse_wire_dtypes(text):

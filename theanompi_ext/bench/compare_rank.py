@@ -21,11 +21,13 @@ def measure_ours(spec):
     for :func:`.compare_systems.ours_modes` of ``spec['wire_dtypes']``, plus sizes. The
     compute modes run on the first wire's trainers (they exchange nothing).
     """
-    from ..collective.mpi import MPICommunicator
+    from ..collective.registry import create_communicator
     from ..collective.watchdog import watch
     from .overlap import synthetic_dataset, compute_step
-    # As users run it: the trainers' step watchdog included (one shared).
-    comm = watch(MPICommunicator())
+    # As users run it: the trainers' step watchdog included (one shared), and the
+    # topology as `train` chooses it (two-level across hosts by default; a flat
+    # 16-bit wire crosses the link twice as much: docs/exchange-across-hosts.md)
+    comm = watch(create_communicator('mpi', topology=spec.get('topology', 'auto')))
     n, k = spec['batch'], comm.size
     wires = spec.get('wire_dtypes', ['float32'])
     data = synthetic_dataset(tuple(spec['model_spec']['input_shape']), 4 * n * k,
@@ -53,7 +55,8 @@ def measure_ours(spec):
     out['cpu_per_wall'] = cpu_per_wall([json.loads(e) for e in comm.allgather(json.dumps(cpu))])
     # --mpi-env as the ranks got it (rank 0's view: every rank has the same environment)
     out['mpi_env'] = {key: os.environ.get(key) for key in spec.get('mpi_env', {})}
-    out.update(grad_bytes=4 * int(first.n_exch), params=int(first.layout.total),
+    out.update(topology=comm.topology_in_use, grad_bytes=4 * int(first.n_exch),
+               params=int(first.layout.total),
                buckets=len(first.buckets),
                chunks=trainers['ar-overlap', wires[0]].backward.n_chunks, ranks=k)
     comm.barrier()
@@ -84,7 +87,8 @@ def _our_trainer(comm, spec, data, strategy, wire):
         net = build_model(m['kind'], shape, spec['n_classes'], seed=0, width=m['width'])
     cfg = TrainConfig(model=spec['model'], batch_per_worker=spec['batch'], epochs=1,
                       warmup='none', base_lr=0.01, quiet=True, checkpoint=False,
-                      exchange_bn=True, exch_strategy=strategy, wire_dtype=wire)
+                      exchange_bn=True, exch_strategy=strategy, wire_dtype=wire,
+                      topology=spec.get('topology', 'auto'))
     return Trainer(net, data, cfg, comm, log=lambda *a, **kw: None)
 
 

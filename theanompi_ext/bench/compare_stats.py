@@ -167,7 +167,7 @@ def _our_rows(model, network, spec, ours, common):
     base = dict(common, ranks=ours[0]['ranks'], grad_bytes=ours[0]['grad_bytes'],
                 params=ours[0]['params'], compute_chunked_s=_median(t['compute_chunked']),
                 buckets=ours[0]['buckets'], chunks=ours[0]['chunks'],
-                mpi_env=ours[0].get('mpi_env', {}))
+                mpi_env=ours[0].get('mpi_env', {}), topology=ours[0].get('topology'))
     rows, by_wire = [], {}
     for wire in wires:
         sfx = WIRE_SUFFIX[wire]

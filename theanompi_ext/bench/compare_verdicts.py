@@ -92,9 +92,12 @@ def format_table(rows):
     if not rows:
         return '(no results)'
     r0 = rows[0]
-    lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients'
+    # which allreduce ours ran (rows written before it was recorded: none said)
+    topology = next((r['topology'] for r in rows if r.get('topology')), None)
+    lines = ['%s on %s: %s ranks x batch %s, %s compute thread(s) per rank, %.2f MB of gradients%s'
              % (r0['model'], r0['network'], r0.get('ranks'), r0.get('batch'), r0.get('threads'),
-                r0.get('grad_bytes', 0) / 1e6),
+                r0.get('grad_bytes', 0) / 1e6,
+                ', our allreduce %s' % topology if topology else ''),
              '%-30s %10s %10s %10s %10s %10s %11s %15s %13s %s' % (
                  'system', 'compute ms', 'step ms', 'serial ms', 'allred ms', 'vs bound',
                  'cpu/wall', 'overhead', 'hidden', 'per launch')]
