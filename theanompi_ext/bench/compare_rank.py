@@ -87,8 +87,7 @@ def _our_trainer(comm, spec, data, strategy, wire):
         net = build_model(m['kind'], shape, spec['n_classes'], seed=0, width=m['width'])
     cfg = TrainConfig(model=spec['model'], batch_per_worker=spec['batch'], epochs=1,
                       warmup='none', base_lr=0.01, quiet=True, checkpoint=False,
-                      exchange_bn=True, exch_strategy=strategy, wire_dtype=wire,
-                      topology=spec.get('topology', 'auto'))
+                      exchange_bn=True, exch_strategy=strategy, wire_dtype=wire)
     return Trainer(net, data, cfg, comm, log=lambda *a, **kw: None)
 
 

@@ -71,10 +71,10 @@ def register(sub):
     p.add_argument('--rate', default='200mbit', help="each host's link, tc units "
                                                      '(default %(default)s)')
     p.add_argument('--delay', default=None, help='added between hosts, tc units (e.g. 1ms)')
-    p.add_argument('--queue', default=None, metavar='TIME',
+    p.add_argument('--queue', default=DEFAULT_QUEUE, metavar='TIME',
                    help='how long a packet may wait at a link before it is dropped, tc units '
-                        '(default %s: lossless; 50ms: a shallow queue that TCP overflows)'
-                        % DEFAULT_QUEUE)
+                        '(default %(default)s: lossless; 50ms: a shallow queue that TCP '
+                        'overflows)')
     p.add_argument('--sizes', default=None, metavar='LIST',
                    help='bytes, comma-separated, K/M suffixes (default 256K,1M,4M,16M)')
     p.add_argument('--reps', type=int, default=5, metavar='N',
@@ -93,13 +93,10 @@ def register(sub):
 
 def main(args):
     """Make the hosts, run the ranks, print the table."""
-    from ..launch.emulated_hosts import EmulatedHosts
-    from ..launch.emulated_network import NetworkSetupError, tbf_link, tc_time
-    queue = args.queue or DEFAULT_QUEUE
+    from ..launch.emulated_hosts import EmulatedHosts, check_shaping
+    from ..launch.emulated_network import NetworkSetupError, tbf_link
     try:
-        tc_time(queue, '--queue')
-        if args.delay is not None:
-            tc_time(args.delay, '--delay')
+        check_shaping(args.rate, args.delay, args.queue, flag='--')
         sizes = [parse_size(s) for s in args.sizes.split(',')] if args.sizes else \
             list(DEFAULT_SIZES)
         rate_Bps = tbf_link(args.rate)[0]
@@ -113,7 +110,7 @@ def main(args):
     cpu_costs = local_cpu_costs()       # before the ranks run: this process alone
     try:
         with EmulatedHosts(args.hosts, args.ranks_per_host, args.rate, args.delay,
-                           queue=queue) as eh:
+                           queue=args.queue) as eh:
             res = run_on_hosts(eh, spec, args.timeout)
             res['link_events'] = {h: eh.link_events(h) for h in eh.hosts}
             res['load'] = list(os.getloadavg())
@@ -121,7 +118,7 @@ def main(args):
         sys.stderr.write('theanompi-ext bench hosts: %s\n' % exc)
         return EXIT_CHECK_FAILED
     res.update(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=args.rate,
-               delay=args.delay, queue=queue, rate_Bps=rate_Bps,
+               delay=args.delay, queue=args.queue, rate_Bps=rate_Bps,
                cpu=dict(cpu_costs, cores=machine_cores()))
     print(format_table(res))
     if args.json:

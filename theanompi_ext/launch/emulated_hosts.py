@@ -81,6 +81,17 @@ DEFAULT_QUEUE = '1s'
 QUERY_OPTIONS = ('--version', '-version', '-info', '--info', '-h', '-help', '--help')
 
 
+def check_shaping(rate=None, delay=None, queue=DEFAULT_QUEUE, flag=''):
+    """ValueError, before anything is made, when ``rate``, ``delay`` or ``queue`` is
+    not in tc's units; the times named ``flag`` + their name ('--queue' from a
+    command line, 'queue' from Python) rather than in tc's words later."""
+    if rate is not None:
+        tbf_link(rate)
+    if delay is not None:
+        tc_time(delay, flag + 'delay')
+    tc_time(queue, flag + 'queue')
+
+
 def hosts_problem():
     """Why emulated hosts cannot be made here, or None."""
     problem = netns_problem()
@@ -240,12 +251,7 @@ class EmulatedHosts(object):
                  unshared=None, queue=DEFAULT_QUEUE):
         if int(hosts) < 1 or int(hosts) > 250 or int(ranks_per_host) < 1:
             raise ValueError('hosts must be 1..250 and ranks_per_host >= 1')
-        # ValueErrors now, naming the setting, rather than tc's words later
-        if rate is not None:
-            tbf_link(rate)
-        if delay is not None:
-            tc_time(delay, 'delay')
-        tc_time(queue, 'queue')
+        check_shaping(rate, delay, queue)
         self.n, self.ranks_per_host = int(hosts), int(ranks_per_host)
         self.rate, self.delay, self.queue = rate, delay, queue
         self.hosts = [host_name(i) for i in range(self.n)]
@@ -446,9 +452,7 @@ def main(argv=None):
     if not cmd:
         p.error('no command given (after --)')
     try:
-        tc_time(args.queue, '--queue')          # named as the user typed them
-        if args.delay is not None:
-            tc_time(args.delay, '--delay')
+        check_shaping(args.rate, args.delay, args.queue, flag='--')
         hosts = EmulatedHosts(args.hosts, args.ranks, args.rate, args.delay, queue=args.queue)
     except ValueError as exc:
         p.error(str(exc))
@@ -472,8 +476,8 @@ def main(argv=None):
         return 2
 
 
-__all__ = ['DEFAULT_QUEUE', 'EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'cleanup_stale',
-           'host_address', 'host_name', 'hosts_problem', 'owned_namespaces',
+__all__ = ['DEFAULT_QUEUE', 'EmulatedHosts', 'HOST_DEV', 'HOSTS_ENV', 'check_shaping',
+           'cleanup_stale', 'host_address', 'host_name', 'hosts_problem', 'owned_namespaces',
            'remove_namespaces', 'run_on_hosts', 'tcp_counters']
 
 if __name__ == '__main__':
