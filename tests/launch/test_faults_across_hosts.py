@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from support import suspend
 from support.hosts import cmdline, emulated_hosts, everything_gone, ns_pids
 from support.paths import ROOT
 from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
@@ -48,9 +49,9 @@ def eh():
 class Job(object):
     """``theanompi-ext train`` across the emulated hosts, in the background."""
 
-    def __init__(self, eh, folder, *extra, per_host=1, quiet=True, hosts=None):
+    def __init__(self, eh, folder, *extra, per_host=1, quiet=True, hosts=None, env=None):
         self.eh, self.out = eh, os.path.join(folder, 'out')
-        env = dict(eh.env(), MPIR_CVAR_ENABLE_HEAVY_YIELD='1', TMPDIR=folder)
+        env = dict(eh.env(), MPIR_CVAR_ENABLE_HEAVY_YIELD='1', TMPDIR=folder, **(env or {}))
         self.log = open(os.path.join(folder, 'log'), 'w+')
         hostfile = os.path.join(folder, 'hostfile')
         with open(hostfile, 'w') as fh:
@@ -230,6 +231,80 @@ def test_link_cut_longer_than_the_timeout(eh, tmp_path):
     # the far side: its own watchdog, then MPI_Abort's ABORT_ALONE_S; 5 s of slack (load)
     assert t_gone < TIMEOUT_S + 2.3 + 2 + ABORT_ALONE_S + 5
     whole_checkpoint(job)
+
+
+def _at_the_pause(eh, tmp_path):
+    """A job of 40 steps (collective timeout 5 s, stall lines after 4 s) whose rank 1, on
+    tmxh1, pauses 2 s after iteration 5 (support/suspend.PAUSE); returned when it has
+    said so: tmxh0's rank waits for it in a collective."""
+    job = Job(eh, str(tmp_path), '--max-steps', '40', '--collective-timeout-s', '5',
+              '--stall-warn-s', '4', '--write-timeout-s', '5', env=suspend.PAUSE)
+    t0 = time.monotonic()
+    while 'FAULT pause rank 1' not in job.text():
+        assert job.proc.poll() is None and time.monotonic() - t0 < JOB_LIMIT_S, job.text()
+        time.sleep(0.05)
+    return job
+
+
+def test_whole_job_suspended_goes_on(eh, tmp_path):
+    """Every process of the job on every host stopped (SIGSTOP: the launcher, mpiexec
+    or prterun, each host's proxy or daemon and rank), as a batch scheduler suspends
+    a job, while tmxh0's rank waits for tmxh1's (in a pause), for longer than the
+    collective timeout; then continued, tmxh1 2.5 s after the rest. The job goes on to
+    its last step and ends with status 0, no stall or timeout reported, nothing left
+    (running_clock.py; the bits of a run never suspended: test_suspend.py)."""
+    job = _at_the_pause(eh, tmp_path)
+    spaces = [eh.hub] + [eh.namespace(h) for h in eh.hosts]
+    procs = [job.proc.pid] + [p for ns in spaces for p in ns_pids(ns)]
+    late = ns_pids(eh.namespace('tmxh1'))
+    assert len(job.ranks('tmxh0')) == len(job.ranks('tmxh1')) == 1, procs
+    suspend.suspend_and_resume(procs, late)
+    rc, t_end = job.end()
+    t_gone = everything_gone(eh, time.monotonic())
+    print('\nevery process stopped %g s, tmxh1 continued %g s after the rest -> the job '
+          'ended %.2f s after that, status %d' % (suspend.SUSPEND_S, suspend.SKEW_S, t_end, rc))
+    text = job.text()
+    assert rc == 0, text[-3000:]
+    assert 'no progress' not in text and 'stall:' not in text, text[-3000:]
+    assert t_gone < 5
+    f = checkpoint.read(os.path.join(job.out, checkpoint.FILENAME))
+    try:
+        assert int(f.attrs['iteration']) == 40
+    finally:
+        f.close()
+
+
+def test_ctrl_z(eh, tmp_path):
+    """SIGTSTP to the launcher (Ctrl-Z), SIGCONT 8 s later (fg). Open MPI: its mpiexec
+    stops the ranks of both hosts, the launcher stops itself, and all go on at the
+    SIGCONT; MPICH: hydra cannot reach tmxh1's rank, so the launcher says so and does
+    not stop, and the job goes on. Both: status 0, no stall or timeout
+    (launch/job_control.py)."""
+    job = _at_the_pause(eh, tmp_path)
+    ranks = job.ranks('tmxh0') + job.ranks('tmxh1')
+    os.kill(job.proc.pid, signal.SIGTSTP)
+    if eh.openmpi:
+        deadline = time.monotonic() + 10
+        while not all(suspend.state(p) == 'T' for p in [job.proc.pid] + ranks):
+            assert time.monotonic() < deadline, job.text()[-3000:]
+            time.sleep(0.02)
+    time.sleep(suspend.SUSPEND_S)
+    states = [suspend.state(p) for p in [job.proc.pid] + ranks]
+    os.kill(job.proc.pid, signal.SIGCONT)
+    rc, _ = job.end()
+    text = job.text()
+    assert rc == 0, text[-3000:]
+    assert 'no progress' not in text and 'stall:' not in text, text[-3000:]
+    if eh.openmpi:
+        assert states == ['T'] * 3, (states, text[-3000:])
+        assert 'theanompi-ext: paused (SIGTSTP): every rank of the job is stopped' in text
+    else:
+        # the job went on (its ranks running, or ended by then); the launcher runs on
+        # none of the hosts (the hub: a login node), so even rank 0 is out of its reach
+        assert 'T' not in states, (states, text[-3000:])
+        assert re.search(r'theanompi-ext: Ctrl-Z \(SIGTSTP\) not followed: MPICH cannot '
+                         r'pause the ranks on other hosts \(rank 0 on tmxh0\); the job goes '
+                         r'on \(Ctrl-C stops it\)', text), text[-3000:]
 
 
 def test_unreachable_host(eh, tmp_path):

@@ -12,13 +12,15 @@ every rank, and wait for every handle they started (:func:`wait_all`,
 Every collective takes a ``label`` (a started allreduce: its ``name``): the
 text a stall or timeout report names it by (collective/watchdog.py); a
 backend without a watchdog ignores it. A timeout (``barrier(timeout_s=)``,
-``Handle.wait(timeout=)``) is honoured, raising :class:`CollectiveTimeout`,
+``Handle.wait(timeout=)``) is honoured, raising :class:`CollectiveTimeout`
+(a stop of the whole process, SIGSTOP to SIGCONT, does not count: running_clock.py),
 or refused by name: no backend accepts one and waits longer.
 """
 import threading
 import time
 
 from ..errors import CollectiveTimeout
+from ..running_clock import RunningClock
 from .world import import_mpi
 
 #: What :meth:`Communicator.allreduce` can reduce with.
@@ -47,11 +49,13 @@ def wait_test(test, timeout_s, message, poll_s=1e-3):
     """Call ``test()`` until it returns True; after ``timeout_s`` raise
     :class:`CollectiveTimeout` with ``message()``. Sleeps ``poll_s`` between
     tests (the test of an MPI request needs the GIL; a sleep gives it back)."""
-    deadline = time.monotonic() + timeout_s
+    clock = RunningClock()      # a stop of this whole process is not waiting
+    deadline = clock.now() + timeout_s
     while not test():
-        if time.monotonic() >= deadline:
+        if clock.now() >= deadline:
             raise CollectiveTimeout(message())
         time.sleep(poll_s)
+        clock.tick(poll_s)
 
 
 class Handle(object):

@@ -17,7 +17,10 @@ How
     waited ``stall_warn_s`` it asks every other rank where it is and logs one
     line naming the ranks that have not arrived; after ``timeout_s`` it
     prints the same report and ends the job with ``MPI_Abort``
-    (exit status :data:`~theanompi_ext.errors.EXIT_TIMEOUT`).
+    (exit status :data:`~theanompi_ext.errors.EXIT_TIMEOUT`). Waits are timed
+    on a :class:`~theanompi_ext.running_clock.RunningClock`: the time this
+    process was stopped (a batch scheduler's suspend of the whole job) is
+    not waiting; a peer's stop still is.
 
 Side channel
     The question and the answers travel as 128-byte messages (point-to-point,
@@ -45,6 +48,7 @@ import time
 import numpy as np
 
 from ..errors import EXIT_TIMEOUT
+from ..running_clock import RunningClock
 from .base import Communicator
 from .world import import_mpi
 
@@ -120,7 +124,10 @@ class Watchdog(object):
         self.step = -1
         self.reports = []           # (kind, text) of every report made, for tests/summary
         self._seq = 0
-        self._state = (0, -1, 'start', time.monotonic(), False, False)
+        # Waits are timed on it: a stop of this whole process (a batch scheduler's
+        # suspend of the job) is not a wait (running_clock.py)
+        self.clock = RunningClock()
+        self._state = (0, -1, 'start', self.clock.now(), False, False)
         self._qid = 0
         self._sends = []
         self._chan = None
@@ -147,28 +154,28 @@ class Watchdog(object):
         """Start watching waits; ``step`` is the iteration shown in reports."""
         self.step = int(step)
         self.armed = True
-        self._t_arm = time.monotonic()
-        self._state = (self._seq, self.step, '', time.monotonic(), False, True)
+        self._t_arm = self.clock.now()
+        self._state = (self._seq, self.step, '', self._t_arm, False, True)
 
     def disarm(self):
         """Stop watching (outside the step loop waits may legitimately be long)."""
         if self.armed and self._t_arm is not None:
-            self._durations.append(time.monotonic() - self._t_arm)
+            self._durations.append(self.clock.now() - self._t_arm)
         self.armed = False
         s = self._state
-        self._state = (s[0], s[1], s[2], time.monotonic(), False, False)
+        self._state = (s[0], s[1], s[2], self.clock.now(), False, False)
 
     def enter(self, label):
         """The main thread starts waiting in ``label`` (no-op when disarmed)."""
         if self.armed and self._phase is None:
             self._seq += 1
-            self._state = (self._seq, self.step, label, time.monotonic(), True, True)
+            self._state = (self._seq, self.step, label, self.clock.now(), True, True)
 
     def leave(self):
         """The wait entered last has finished."""
         s = self._state
         if s[4] and self._phase is None:
-            self._state = (s[0], s[1], s[2], time.monotonic(), False, self.armed)
+            self._state = (s[0], s[1], s[2], self.clock.now(), False, self.armed)
 
     def bounded(self, step, label, limit_s, option='write_timeout_s', note=None):
         """Context manager: the whole block is one watched wait of at most ``limit_s``.
@@ -206,11 +213,12 @@ class Watchdog(object):
         warned_seq, next_warn = None, 0.0
         while not self._stop.wait(self.poll_s):
             try:
+                self.clock.tick(self.poll_s)
                 self._serve()
                 seq, step, label, since, waiting, _ = self._state
                 if not waiting:
                     continue
-                waited = time.monotonic() - since
+                waited = self.clock.now() - since
                 phase = self._phase
                 limit = phase[0] if phase is not None else self.limit()
                 if limit and waited >= limit:
@@ -249,7 +257,10 @@ class Watchdog(object):
             self._serve_for(self.reply_s + 1.0)
         if not self._still_waiting(seq):
             return False     # the last rank arrived just in time
-        waited = time.monotonic() - self._state[3]
+        self.clock.tick()    # a stop of this process since the last look: not a wait
+        waited = self.clock.now() - self._state[3]
+        if waited < limit:
+            return False
         why = 'collective_timeout_s=%g' % self.timeout_s
         phase = self._phase
         if phase is not None:
@@ -273,10 +284,12 @@ class Watchdog(object):
 
     def _serve_for(self, seconds):
         """Keep answering the other ranks' questions for ``seconds``."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        deadline = self.clock.now() + seconds
+        while self.clock.now() < deadline:
             self._serve()
-            time.sleep(min(self.poll_s, max(deadline - time.monotonic(), 0)))
+            nap = min(self.poll_s, max(deadline - self.clock.now(), 0))
+            time.sleep(nap)
+            self.clock.tick(nap)
 
     def _lower_rank_waits_here(self, seq, answers):
         return any(a is not None and a.rank < self.rank and a.waiting and a.seq == seq
@@ -320,10 +333,11 @@ class Watchdog(object):
         for r in peers:
             self._send(query, r)
         answers = {}
-        deadline = time.monotonic() + within
-        while len(answers) < len(peers) and time.monotonic() < deadline:
+        deadline = self.clock.now() + within
+        while len(answers) < len(peers) and self.clock.now() < deadline:
             self._serve(answers)
             time.sleep(_INQUIRY_POLL_S)
+            self.clock.tick(_INQUIRY_POLL_S)
         return {r: answers.get(r) for r in peers}
 
     def _serve(self, answers=None):
@@ -358,7 +372,7 @@ class Watchdog(object):
         buf = np.zeros(_MSG_BYTES, np.uint8)
         nums = buf[:8 * _NUMS].view(np.int64)
         nums[:] = (kind, self.rank, qid, seq, step, int(waiting),
-                   int(1000 * (time.monotonic() - since)), int(armed))
+                   int(1000 * (self.clock.now() - since)), int(armed))
         raw = label.encode('utf-8')[:_LABEL_BYTES]
         buf[8 * _NUMS:8 * _NUMS + len(raw)] = np.frombuffer(raw, np.uint8)
         return buf
@@ -398,14 +412,14 @@ class _Bounded(object):
         dog.step, dog.armed = self.step, True
         dog._seq += 1
         dog._phase = (self.limit_s, self.option, self.note)
-        dog._state = (dog._seq, self.step, self.label, time.monotonic(), True, True)
+        dog._state = (dog._seq, self.step, self.label, dog.clock.now(), True, True)
         return self
 
     def __exit__(self, *exc):
         dog = self.dog
         if dog._phase is not None:
             s = dog._state
-            dog._state = (s[0], s[1], s[2], time.monotonic(), False, False)
+            dog._state = (s[0], s[1], s[2], dog.clock.now(), False, False)
             dog._phase = None
             dog.armed = False
         return False

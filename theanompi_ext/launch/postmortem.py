@@ -27,6 +27,7 @@ from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT
                       EXIT_TIMED_OUT, EXIT_TIMEOUT)
 from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
+from .job_control import JobControl
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
@@ -504,7 +505,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                   timeout=None, out=None, err=None, heading=None, forward=None):
     """Run the mpiexec command ``cmd`` like :func:`~.mpiexec.run_mpiexec`, then explain.
 
-    SIGINT, SIGTERM and SIGHUP stop every rank (:func:`stop_job`) and return
+    SIGTSTP (Ctrl-Z) pauses every rank and SIGCONT resumes them, where mpiexec lets
+    the launcher reach them all (:mod:`.job_control`). SIGINT, SIGTERM and SIGHUP
+    stop every rank (:func:`stop_job`) and return
     128 + the signal's number (130, 143, 129), unless ignored when we started
     (:mod:`theanompi_ext.stop_signals`); so does a closed ``out`` or ``err`` (its
     reader gone: 141, as SIGPIPE); if this process is SIGKILLed,
@@ -535,7 +538,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
-    proc = start_watch = time_limit = err_thread = out_thread = None
+    proc = start_watch = time_limit = err_thread = out_thread = job_control = None
     openmpi = is_openmpi(cmd[0])
     shown = []          # the last line passed through, of either stream
 
@@ -551,6 +554,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if forward is not None:
             forward.attach(proc, started)
+        # Ctrl-Z pauses every rank, fg resumes them (launch/job_control.py)
+        job_control = JobControl(proc, openmpi, folder, size, err).install()
         start_watch = StartWatch(proc, started, start_timeout_s, stop).start()
         # the time limit is a start watch whose job never counts as started
         time_limit = StartWatch(proc, lambda: False, timeout, stop).start()
@@ -617,6 +622,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     finally:
         if forward is not None:
             forward.detach()
+        if job_control is not None:
+            job_control.restore()
         stop_signals.restore(old_handlers)
         _disarm_stop_bound()
         shutil.rmtree(folder, ignore_errors=True)

@@ -10,7 +10,8 @@ not happened within ``timeout_s`` seconds, and the attempt ends as a failure
 a restart may cure.
 """
 import threading
-import time
+
+from ..running_clock import RunningClock
 
 #: What the launcher prints for such an attempt (``train/restarts.classify`` knows it).
 NOT_STARTED = 'the job did not start within'
@@ -45,15 +46,18 @@ class StartWatch(object):
         return self
 
     def _watch(self):
-        deadline = time.monotonic() + self.timeout_s
+        # a suspend of the whole job (the launcher stopped with it) is not start-up time
+        clock = RunningClock()
+        deadline = clock.now() + self.timeout_s
         while not self._done.is_set() and self.proc.poll() is None:
             if self.started():
                 return
-            if time.monotonic() >= deadline:
+            if clock.now() >= deadline:
                 self.fired = True
                 self.stop()
                 return
             self._done.wait(self.POLL_S)
+            clock.tick(self.POLL_S)
 
     def finish(self):
         """Stop watching (the job ended); waits for a stop under way."""
