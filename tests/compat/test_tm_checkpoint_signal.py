@@ -20,12 +20,15 @@ import os
 import re
 import signal
 import sys
+import time
 
 import numpy as np
 import pytest
 
+from support.hosts import cmdline
 from support.jobs import Job, catches, wait_for
 from support.paths import ROOT
+from support.suspend import state
 from theanompi_ext.train import attempt
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
@@ -402,3 +405,35 @@ def test_a_resume_within_an_epoch_loads_the_steps_done_and_then_the_state(hooked
     assert losses == [0.5, 0.25, 0.125, 1.0, 1.0, 1.0] and errs[:3] == [0, 1, 0]
     assert not done and stepper.iteration == 12 and stepper.train_fn.skipping is False
     assert logged == ['resumed from OUT/checkpoint.h5 at epoch 2, step 3 of 6 (iteration 9)']
+
+
+# ------------------------------------------- Ctrl-Z through the session's two launchers
+
+TM_RANK_ARGS = [b'-u', b'-m', b'theanompi_ext.theanompi_compat.worker']
+
+
+def test_ctrl_z_to_tmxlauncher_pauses_every_rank_and_fg_resumes_them(tmp_path, straight):
+    """SIGTSTP to ``tmxlauncher`` (Ctrl-Z) while rank 1 pauses after iteration 70:
+    it passes it on to the job's process (a session of its own), which stops both
+    ranks and itself; then ``tmxlauncher`` stops (launch/job_control.PassOn). SIGCONT
+    to ``tmxlauncher`` (fg) resumes them all: status 0, the straight session's bits."""
+    job, out = _session_job(tmp_path, 'run', faults='0:1:70:pause')
+    try:
+        wait_for(lambda: 'FAULT pause rank 1' in job.err() or job.proc.poll() is not None,
+                 TIMEOUT, "rank 1's pause")
+        procs = job.alive()
+        ranks = [p for p in procs if cmdline(p).split(b'\0')[1:4] == TM_RANK_ARGS]
+        launchers = [job.proc.pid] + [p for p in procs if b'launch.postmortem' in cmdline(p)]
+        assert len(ranks) == 2 and len(launchers) == 2, procs
+        os.kill(job.proc.pid, signal.SIGTSTP)
+        wait_for(lambda: all(state(p) == 'T' for p in launchers + ranks), 10,
+                 'tmxlauncher, the job process and both ranks stopped')
+        time.sleep(3)
+        assert all(state(p) == 'T' for p in launchers + ranks)
+        os.kill(job.proc.pid, signal.SIGCONT)
+    finally:
+        rc, _, err = _ended(job)
+    assert rc == 0, err[-3000:]
+    assert 'theanompi-ext: paused (SIGTSTP): every rank of the job is stopped' in err, err
+    assert 'theanompi-ext: resumed: every rank of the job goes on' in err, err
+    _assert_same_run(straight, out, 150)

@@ -6,9 +6,11 @@ the bits of a run never suspended. Only a process's own stop is left out of
 its waits: a rank that waits for a stopped one still times out
 (test_faults.py, test_faults_across_hosts.py).
 """
+import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -144,6 +146,49 @@ def test_the_watchdog_does_not_count_its_own_stop():
     assert res['after_stop'] == [], res
     assert res['after_wait'] == [4] and 1.0 <= res['waited'] < 3.0, res
     assert len(res['stops']) == 1 and res['stops'][0][0] > 2.0, res
+
+
+class _Running(object):
+    """Stands for mpiexec: still running."""
+    pid = -1
+
+    def poll(self):
+        return None
+
+
+def _note(folder, rank, pid, host):
+    (folder / ('rank%d' % rank)).write_text('%d %s training\n' % (pid, host))
+
+
+def test_job_control_stops_the_ranks_of_this_host_or_says_why_not(tmp_path):
+    """MPICH's case (launch/job_control.py), with two sleeping processes for ranks:
+    every rank noted on this host is stopped, then continued; a rank on another host,
+    or a rank not noted yet: nothing is stopped, and the line says why."""
+    from theanompi_ext.launch.job_control import JobControl
+    kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+            for _ in range(2)]
+    err = io.StringIO()
+    try:
+        control = JobControl(_Running(), False, str(tmp_path), 2, err)
+        _note(tmp_path, 0, kids[0].pid, socket.gethostname())
+        assert control.pause() is None            # rank 1 has no note yet
+        assert 'not followed: not every rank has started yet; the job goes on' in \
+            err.getvalue()
+        _note(tmp_path, 1, kids[1].pid, 'node7')
+        assert control.pause() is None
+        assert 'MPICH cannot pause the ranks on other hosts (rank 1 on node7)' in \
+            err.getvalue()
+        assert 'T' not in [state(k.pid) for k in kids]
+        _note(tmp_path, 1, kids[1].pid, socket.gethostname())
+        resume = control.pause()
+        wait_for(lambda: [state(k.pid) for k in kids] == ['T', 'T'], 10, 'both stopped')
+        assert 'paused (SIGTSTP): every rank of the job is stopped' in err.getvalue()
+        resume()
+        wait_for(lambda: 'T' not in [state(k.pid) for k in kids], 10, 'both continued')
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
 
 
 TRAIN = ['train', '--workers', '2', '--model', 'digits_cnn', '--epochs', '1', '--warmup',

@@ -20,29 +20,27 @@ asked; on SIGCONT (``fg``, ``bg``, a scheduler's resume) it resumes the job:
 
 A job paused longer than its collective timeout goes on when resumed: each
 rank leaves its own stop out of its waits (``running_clock.py``).
+
+A Theano-MPI session's ``BSP.wait`` waits for a launcher of its own (the
+job's process, in a session of its own): :class:`PassOn` hands the SIGTSTP
+to it, and stops too once it has.
 """
 import os
 import signal
 import socket
 import threading
+import time
 
 from .rank_notes import read_rank_notes
 
+#: How long :class:`PassOn` waits for its child launcher to stop, seconds.
+CHILD_STOP_S = 2.0
 
-class JobControl(object):
-    """Pause and resume the job of mpiexec ``proc`` on the launcher's SIGTSTP and
-    SIGCONT, from :meth:`install` to :meth:`restore` (main thread).
 
-    ``notes_folder`` and ``size``: the ranks' notes and how many there are
-    (MPICH: the ranks are stopped one by one); ``err``: where the launcher's
-    line about a pause goes.
-    """
+class _OnSigtstp(object):
+    """Calls :meth:`_tstp` on SIGTSTP from :meth:`install` to :meth:`restore`."""
 
-    def __init__(self, proc, openmpi, notes_folder, size, err):
-        self.proc, self.openmpi = proc, openmpi
-        self.notes_folder, self.size, self.err = notes_folder, size, err
-        self.pauses = 0             # pauses made (a test's and the summary's count)
-        self._old = None
+    _old = None
 
     def install(self):
         """Catch SIGTSTP, unless it is ignored (a shell without job control) or this
@@ -59,17 +57,40 @@ class JobControl(object):
             self._old = None
 
     def _tstp(self, signum, frame):
+        raise NotImplementedError
+
+
+def _stop_self_then(resume):
+    """Stop this process as Ctrl-Z asked; on SIGCONT call ``resume()``. SIGSTOP, not
+    SIGTSTP's default: the kernel drops that in a process group without a shell
+    (orphaned: a launcher started by setsid, a batch script's child)."""
+    try:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    finally:
+        resume()
+
+
+class JobControl(_OnSigtstp):
+    """Pause and resume the job of mpiexec ``proc`` on the launcher's SIGTSTP and
+    SIGCONT, from :meth:`install` to :meth:`restore` (main thread).
+
+    ``notes_folder`` and ``size``: the ranks' notes and how many there are
+    (MPICH: the ranks are stopped one by one); ``err``: where the launcher's
+    line about a pause goes.
+    """
+
+    def __init__(self, proc, openmpi, notes_folder, size, err):
+        self.proc, self.openmpi = proc, openmpi
+        self.notes_folder, self.size, self.err = notes_folder, size, err
+        self.pauses = 0             # pauses made
+
+    def _tstp(self, signum, frame):
         resume = self.pause()
-        if resume is None:
-            return
-        # Stop this process as asked; SIGCONT continues it from here. SIGSTOP, not
-        # SIGTSTP's default: the kernel drops that in a process group without a
-        # shell (orphaned: a launcher started by setsid, a batch script's child)
-        try:
-            os.kill(os.getpid(), signal.SIGSTOP)
-        finally:
-            resume()
-            self._say('theanompi-ext: resumed: every rank of the job goes on')
+        if resume is not None:
+            def again():
+                resume()
+                self._say('theanompi-ext: resumed: every rank of the job goes on')
+            _stop_self_then(again)
 
     def pause(self):
         """Stop every rank of the job; returns a callable that continues them, or
@@ -116,3 +137,35 @@ def _signal(pid, sig):
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+class PassOn(_OnSigtstp):
+    """Ctrl-Z for a process that waits for a launcher of its own, ``proc`` (a child in
+    a session of its own, which the terminal's SIGTSTP does not reach): the SIGTSTP
+    is passed on to it; once it has stopped (its :class:`JobControl` paused the
+    ranks), this process stops too, and SIGCONT continues both. A child that has not
+    stopped within :data:`CHILD_STOP_S` could not pause the job (its line says why):
+    this process goes on as well."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def _tstp(self, signum, frame):
+        if self.proc.poll() is not None:
+            return
+        _signal(self.proc.pid, signal.SIGTSTP)
+        deadline = time.monotonic() + CHILD_STOP_S
+        while process_state(self.proc.pid) != 'T':
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                return
+            time.sleep(0.01)
+        _stop_self_then(lambda: _signal(self.proc.pid, signal.SIGCONT))
+
+
+def process_state(pid):
+    """The state letter of process ``pid`` (/proc: 'T' stopped), '' once gone."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ''

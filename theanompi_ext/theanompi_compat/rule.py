@@ -286,11 +286,16 @@ class BSP(object):
 
         Ctrl-C (or ``timeout`` seconds passing) stops every rank; the status
         is then 130 (or 124), and the last line on stderr says so (the job's
-        own process, stopped by SIGTERM, says 143 just before it).
+        own process, stopped by SIGTERM, says 143 just before it). Ctrl-Z
+        (SIGTSTP) pauses every rank where the MPI lets it, then this process;
+        SIGCONT (``fg``) resumes them (:mod:`theanompi_ext.launch.job_control`).
         """
         if self.proc is None:
             raise RuntimeError('BSP.wait() before BSP.init()')
         from ..launch.awake import wait_awake
+        from ..launch.job_control import PassOn
+        # Ctrl-Z pauses the job (its own launcher pauses the ranks), fg resumes it
+        job_control = PassOn(self.proc).install()
         try:
             return wait_awake(self.proc, timeout)   # Ctrl-C taken by any thread of the session
         except KeyboardInterrupt:
@@ -298,6 +303,7 @@ class BSP(object):
         except subprocess.TimeoutExpired:
             return self._stopped(124, 'still running after timeout=%g s' % timeout)
         finally:
+            job_control.restore()
             if self._forward is not None and self.proc.poll() is not None:
                 self._forward.detach()      # checkpoint_signal: ours again once the job ended
                 self._forward.restore()
