@@ -25,7 +25,6 @@ Only this process's own stops are left out: a rank that waits for another
 rank which is stopped still counts the whole wait, so a part of a job
 stopped (one rank, one host) still ends the job at its timeout.
 """
-import threading
 import time
 
 #: A gap between two ticks this much longer than the poll's sleep may be a stop.
@@ -37,8 +36,8 @@ CPU_SHARE = 0.1
 class RunningClock(object):
     """``time.monotonic()`` less the time this process was found stopped.
 
-    One thread calls :meth:`tick` after each of its sleeps of ``poll_s``;
-    any thread may read :meth:`now` (a float read: no lock needed).
+    One thread calls :meth:`tick` after each of its sleeps; any thread may read
+    :meth:`now` (a float read: no lock needed).
     """
 
     def __init__(self, gap_s=GAP_S, cpu_share=CPU_SHARE):
@@ -47,7 +46,6 @@ class RunningClock(object):
         self.stopped_s = 0.0
         #: Each stop found: (seconds, monotonic time it was found at).
         self.stops = []
-        self._lock = threading.Lock()
         self._last = time.monotonic()
         self._cpu = time.process_time()
 
@@ -58,13 +56,12 @@ class RunningClock(object):
     def tick(self, slept_s=0.0):
         """Look at the time since the last tick (which slept ``slept_s`` of it);
         returns the seconds of it taken for a stop (0.0 when none)."""
-        with self._lock:
-            t, cpu = time.monotonic(), time.process_time()
-            gap, used = t - self._last, cpu - self._cpu
-            self._last, self._cpu = t, cpu
-            lost = gap - max(float(slept_s), 0.0)
-            if lost < self.gap_s or used >= self.cpu_share * gap:
-                return 0.0
-            self.stopped_s += lost
-            self.stops.append((lost, t))
-            return lost
+        t, cpu = time.monotonic(), time.process_time()
+        gap, used = t - self._last, cpu - self._cpu
+        self._last, self._cpu = t, cpu
+        lost = gap - max(float(slept_s), 0.0)
+        if lost < self.gap_s or used >= self.cpu_share * gap:
+            return 0.0
+        self.stopped_s += lost
+        self.stops.append((lost, t))
+        return lost

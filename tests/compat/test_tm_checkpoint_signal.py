@@ -28,7 +28,7 @@ import pytest
 from support.hosts import cmdline
 from support.jobs import Job, catches, wait_for
 from support.paths import ROOT
-from support.suspend import state
+from theanompi_ext.launch.job_control import process_state
 from theanompi_ext.train import attempt
 
 DROPIN = os.path.join(ROOT, 'tests', 'dropin')
@@ -426,10 +426,10 @@ def test_ctrl_z_to_tmxlauncher_pauses_every_rank_and_fg_resumes_them(tmp_path, s
         launchers = [job.proc.pid] + [p for p in procs if b'launch.postmortem' in cmdline(p)]
         assert len(ranks) == 2 and len(launchers) == 2, procs
         os.kill(job.proc.pid, signal.SIGTSTP)
-        wait_for(lambda: all(state(p) == 'T' for p in launchers + ranks), 10,
+        wait_for(lambda: all(process_state(p) == 'T' for p in launchers + ranks), 10,
                  'tmxlauncher, the job process and both ranks stopped')
         time.sleep(3)
-        assert all(state(p) == 'T' for p in launchers + ranks)
+        assert all(process_state(p) == 'T' for p in launchers + ranks)
         os.kill(job.proc.pid, signal.SIGCONT)
     finally:
         rc, _, err = _ended(job)

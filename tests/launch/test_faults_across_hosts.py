@@ -25,10 +25,12 @@ import pytest
 
 from support import suspend
 from support.hosts import cmdline, emulated_hosts, everything_gone, ns_pids
+from support.jobs import wait_for
 from support.paths import ROOT
 from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
 from theanompi_ext.launch.emulated_hosts import HUB_ADDRESS
 from theanompi_ext.launch.hostlists import format_hostfile
+from theanompi_ext.launch.job_control import process_state
 from theanompi_ext.train import checkpoint
 
 pytestmark = pytest.mark.root
@@ -239,10 +241,9 @@ def _at_the_pause(eh, tmp_path):
     said so: tmxh0's rank waits for it in a collective."""
     job = Job(eh, str(tmp_path), '--max-steps', '40', '--collective-timeout-s', '5',
               '--stall-warn-s', '4', '--write-timeout-s', '5', env=suspend.PAUSE)
-    t0 = time.monotonic()
-    while 'FAULT pause rank 1' not in job.text():
-        assert job.proc.poll() is None and time.monotonic() - t0 < JOB_LIMIT_S, job.text()
-        time.sleep(0.05)
+    wait_for(lambda: 'FAULT pause rank 1' in job.text() or job.proc.poll() is not None,
+             JOB_LIMIT_S, "rank 1's pause")
+    assert job.proc.poll() is None, job.text()
     return job
 
 
@@ -284,12 +285,10 @@ def test_ctrl_z(eh, tmp_path):
     ranks = job.ranks('tmxh0') + job.ranks('tmxh1')
     os.kill(job.proc.pid, signal.SIGTSTP)
     if eh.openmpi:
-        deadline = time.monotonic() + 10
-        while not all(suspend.state(p) == 'T' for p in [job.proc.pid] + ranks):
-            assert time.monotonic() < deadline, job.text()[-3000:]
-            time.sleep(0.02)
+        wait_for(lambda: all(process_state(p) == 'T' for p in [job.proc.pid] + ranks), 10,
+                 'the launcher and the ranks of both hosts stopped')
     time.sleep(suspend.SUSPEND_S)
-    states = [suspend.state(p) for p in [job.proc.pid] + ranks]
+    states = [process_state(p) for p in [job.proc.pid] + ranks]
     os.kill(job.proc.pid, signal.SIGCONT)
     rc, _ = job.end()
     text = job.text()

@@ -21,7 +21,8 @@ import pytest
 
 from support.jobs import Job, wait_for
 from support.paths import root_on_path
-from support.suspend import PAUSE, SUSPEND_S, rank_of, state, suspend_and_resume
+from support.suspend import PAUSE, SUSPEND_S, rank_of, suspend_and_resume
+from theanompi_ext.launch.job_control import process_state
 from theanompi_ext.running_clock import RunningClock
 
 STOP_S = 2.0
@@ -178,13 +179,13 @@ def test_job_control_stops_the_ranks_of_this_host_or_says_why_not(tmp_path):
         assert control.pause() is None
         assert 'MPICH cannot pause the ranks on other hosts (rank 1 on node7)' in \
             err.getvalue()
-        assert 'T' not in [state(k.pid) for k in kids]
+        assert 'T' not in [process_state(k.pid) for k in kids]
         _note(tmp_path, 1, kids[1].pid, socket.gethostname())
         resume = control.pause()
-        wait_for(lambda: [state(k.pid) for k in kids] == ['T', 'T'], 10, 'both stopped')
+        wait_for(lambda: [process_state(k.pid) for k in kids] == ['T', 'T'], 10, 'both stopped')
         assert 'paused (SIGTSTP): every rank of the job is stopped' in err.getvalue()
         resume()
-        wait_for(lambda: 'T' not in [state(k.pid) for k in kids], 10, 'both continued')
+        wait_for(lambda: 'T' not in [process_state(k.pid) for k in kids], 10, 'both continued')
     finally:
         for k in kids:
             k.kill()
@@ -256,12 +257,12 @@ def _ctrl_z(job):
     assert len(ranks) == 2, job.alive()
     t0 = time.monotonic()
     os.kill(job.proc.pid, signal.SIGTSTP)
-    wait_for(lambda: all(state(p) == 'T' for p in [job.proc.pid] + ranks), 10,
+    wait_for(lambda: all(process_state(p) == 'T' for p in [job.proc.pid] + ranks), 10,
              'the launcher and every rank stopped')
     print('\nCtrl-Z: the launcher and both ranks stopped within %.2f s'
           % (time.monotonic() - t0))
     time.sleep(SUSPEND_S)
-    assert all(state(p) == 'T' for p in [job.proc.pid] + ranks), job.err()[-3000:]
+    assert all(process_state(p) == 'T' for p in [job.proc.pid] + ranks), job.err()[-3000:]
     os.kill(job.proc.pid, signal.SIGCONT)
 
 

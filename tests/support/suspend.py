@@ -35,15 +35,6 @@ def rank_of(pid):
     return None if value is None else int(value)
 
 
-def state(pid):
-    """The state letter of process ``pid`` ('T': stopped), '' once it has gone."""
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().rsplit(')', 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ''
-
-
 def suspend_and_resume(pids, late, suspend_s=SUSPEND_S, skew_s=SKEW_S):
     """SIGSTOP every process of ``pids``; ``suspend_s`` later SIGCONT them, those of
     ``late`` ``skew_s`` after the others (in reverse order: the ranks before their

@@ -38,7 +38,8 @@ CHILD_STOP_S = 2.0
 
 
 class _OnSigtstp(object):
-    """Calls :meth:`_tstp` on SIGTSTP from :meth:`install` to :meth:`restore`."""
+    """Calls the subclass's ``_tstp(signum, frame)`` on SIGTSTP from :meth:`install`
+    to :meth:`restore`."""
 
     _old = None
 
@@ -55,9 +56,6 @@ class _OnSigtstp(object):
         if self._old is not None:
             signal.signal(signal.SIGTSTP, self._old)
             self._old = None
-
-    def _tstp(self, signum, frame):
-        raise NotImplementedError
 
 
 def _stop_self_then(resume):
@@ -82,7 +80,6 @@ class JobControl(_OnSigtstp):
     def __init__(self, proc, openmpi, notes_folder, size, err):
         self.proc, self.openmpi = proc, openmpi
         self.notes_folder, self.size, self.err = notes_folder, size, err
-        self.pauses = 0             # pauses made
 
     def _tstp(self, signum, frame):
         resume = self.pause()
@@ -115,7 +112,6 @@ class JobControl(_OnSigtstp):
             stop, cont = signal.SIGSTOP, signal.SIGCONT
         for pid in targets:
             _signal(pid, stop)
-        self.pauses += 1
         self._say('theanompi-ext: paused (SIGTSTP): every rank of the job is stopped; '
                   '`fg` or `bg` resumes it')
 
