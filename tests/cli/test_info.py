@@ -7,10 +7,13 @@ import subprocess
 import sys
 import time
 
+import theanompi_ext
 from theanompi_ext.cli.checks import Reporter, reason
 from theanompi_ext.cli.info_rows import report_rows
 from theanompi_ext.cli.probes import Probe, Stage
 from theanompi_ext.collective.world import outside_the_job
+from theanompi_ext.launch.same_software import source_digest
+from support.paths import ROOT
 
 # Generous: the checks compile into a cache a busy CI machine may not have warmed.
 INFO_TIMEOUT = '120'
@@ -47,6 +50,10 @@ def test_info_reports_what_it_tried(opencl):
     assert labels[:7] == VERSION_LABELS, out
     assert loaded == [False, False, False, False], 'info itself loaded Theano, MPI or pygpu'
     assert rows['theano'].startswith('1.0.5 (floatX=float32, compiledir='), out
+    # what the ranks of a job compare (launch/same_software.py), to compare hosts by hand
+    pkg = os.path.join(ROOT, 'theanompi_ext')
+    assert rows['theanompi_ext'] == '%s, source %s (%s)' % (
+        theanompi_ext.__version__, source_digest(pkg)[:12], pkg), out
     assert rows['backend local'] == 'yes - always'
     assert rows['backend mpi'].startswith('yes - 2 ranks under mpiexec summed a buffer'), out
     devices = rows['devices'].split(', ')

@@ -11,6 +11,7 @@ sub-batches ends, to 1e-5 relative.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -277,10 +278,9 @@ def test_model_error_names_its_file_and_line():
     assert where == '%s:%d in train_iter' % (sb.__file__, line)
 
 
-@pytest.mark.root
-def test_session_launcher_with_two_host_devices(tmp_path):
-    """Theano-MPI's multi-node DEVICES on 2 emulated hosts (issue 28): each rank runs on
-    its host (the first lines say so) and training ends at the reference."""
+def two_host_session(tmp_path, **hosts_kw):
+    """Run a session of :data:`SWAPPED`'s first pair with a two-host ``DEVICES`` on 2
+    emulated hosts (``hosts_kw`` for :class:`EmulatedHosts`; root, else a skip)."""
     from theanompi_ext.launch.emulated_hosts import EmulatedHosts, hosts_problem
     why = hosts_problem()
     if why:
@@ -291,11 +291,34 @@ def test_session_launcher_with_two_host_devices(tmp_path):
                    'MODELFILE=tmzoo.subbatch\nMODELCLASS=%s\n'
                    'DEVICES=("tmxh0:cpu0"\n         "tmxh1:cpu0")\nOUT=%s\n'
                    % (strategy, model_class(model, strategy), tmp_path / 'out'))
-    with EmulatedHosts(hosts=2, ranks_per_host=1) as eh:
-        res = run([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-cfg=%s' % cfg], DROPIN,
-                  eh.env(env_with(DROPIN, home=tmp_path)))
+    with EmulatedHosts(hosts=2, ranks_per_host=1, **hosts_kw) as eh:
+        return run([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-cfg=%s' % cfg], DROPIN,
+                   eh.env(env_with(DROPIN, home=tmp_path)))
+
+
+@pytest.mark.root
+def test_session_launcher_with_two_host_devices(tmp_path):
+    """Theano-MPI's multi-node DEVICES on 2 emulated hosts (issue 28): each rank runs on
+    its host (the first lines say so) and training ends at the reference."""
+    model = SWAPPED[0][0]
+    res = two_host_session(tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
     assert lines[:2] == ['rank 0 of 2: host tmxh0, local rank 0, device cpu0',
                          'rank 1 of 2: host tmxh1, local rank 0, device cpu0'], res.stdout
     assert_matches_reference(model, load_npz(tmp_path / 'out'))
+
+
+@pytest.mark.root
+def test_session_with_another_install_on_the_far_host(tmp_path):
+    """The same session, the far host having its own copy of the package one line
+    apart: refused before the model loads, status 2, both hosts named
+    (launch/same_software.py)."""
+    from support.installs import another_install
+    pkg, copy = another_install(tmp_path)
+    res = two_host_session(tmp_path, unshared={1: {pkg: copy}})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert re.search(r'SoftwareMismatch: the ranks do not all run the same software: '
+                     r'theanompi_ext \S+, source \w+ \(rank 0 on tmxh0 from %s\) vs \S+, source '
+                     r'\w+ \(rank 1 on tmxh1 from ' % re.escape(pkg), res.stderr), res.stderr
+    assert not (tmp_path / 'out' / 'params.npz').exists()

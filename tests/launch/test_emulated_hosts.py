@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from support.installs import another_install
 from support.paths import ROOT, root_on_path
 from support.procs import alive
 from theanompi_ext.launch.emulated_hosts import (DEFAULT_QUEUE, PREFIX, EmulatedHosts,
@@ -245,6 +246,33 @@ def test_out_folder_a_host_does_not_see(tmp_path):
     assert not (out / 'params.npz').exists() and not (out / 'summary.json').exists()
 
 
+def _train_across(eh, tmp_path, *extra, timeout=200):
+    """``train`` of 2 ranks on the hosts of ``eh`` (into tmp_path/run): the result."""
+    return subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
+                          ['--workers', '2', '--out', str(tmp_path / 'run'),
+                           '--hostfile', eh.hostfile] + list(extra),
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=eh.env())
+
+
+def test_far_host_with_another_install(tmp_path):
+    """The far host has its own copy of the package, one line apart (a stale or
+    edited install): refused before anything is trained, status 2, both copies
+    named with their hosts; nothing left on either host."""
+    from theanompi_ext.launch.same_software import source_digest
+    pkg, copy = another_install(tmp_path)
+    with EmulatedHosts(hosts=2, ranks_per_host=1, unshared={1: {pkg: copy}}) as eh:
+        res = _train_across(eh, tmp_path)
+        left = _left_running(eh)
+    assert res.returncode == 2, res.stdout + res.stderr[-4000:]
+    assert ('SoftwareMismatch: the ranks do not all run the same software: theanompi_ext '
+            '0.1.0, source %s (rank 0 on tmxh0 from %s) vs 0.1.0, source %s (rank 1 on '
+            'tmxh1 from %s)' % (source_digest(pkg)[:12], pkg, source_digest(copy)[:12], pkg)
+            in res.stderr), res.stderr[-3000:]
+    assert not (tmp_path / 'run' / 'params.npz').exists()
+    assert not left, left
+
+
 def test_rank_that_dies_before_mpi_starts_ends_the_job(tmp_path):
     """The far host lacks the package (its folder empty there): its rank dies before
     MPI starts, where hydra leaves the other rank waiting in MPI's start forever.
@@ -253,11 +281,7 @@ def test_rank_that_dies_before_mpi_starts_ends_the_job(tmp_path):
     pkg = os.path.join(ROOT, 'theanompi_ext')
     with EmulatedHosts(hosts=2, ranks_per_host=1, unshared={1: [pkg]}) as eh:
         t0 = time.monotonic()
-        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
-                             ['--workers', '2', '--out', str(tmp_path / 'run'),
-                              '--hostfile', eh.hostfile, '--start-timeout-s', '10'],
-                             capture_output=True, text=True, timeout=200, cwd=ROOT,
-                             env=eh.env())
+        res = _train_across(eh, tmp_path, '--start-timeout-s', '10')
         took = time.monotonic() - t0
         left = _left_running(eh)
     assert res.returncode == 4, res.stdout + res.stderr[-4000:]
@@ -278,11 +302,7 @@ def test_far_host_without_the_mpi(tmp_path):
         pytest.skip('the MPI is the system\'s (%s): hiding its folder on a host would hide '
                     'the shell too' % folder)
     with EmulatedHosts(hosts=2, ranks_per_host=1, unshared={1: [folder]}) as eh:
-        res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli'] + TRAIN +
-                             ['--workers', '2', '--out', str(tmp_path / 'run'),
-                              '--hostfile', eh.hostfile],
-                             capture_output=True, text=True, timeout=200, cwd=ROOT,
-                             env=eh.env())
+        res = _train_across(eh, tmp_path)
         left = _left_running(eh)
     last = res.stderr.replace('\0', '').strip().splitlines()[-1]
     assert res.returncode == 2, res.stdout + res.stderr[-4000:]

@@ -28,12 +28,15 @@ def gather(timeout=DEFAULT_TIMEOUT, hostfile=None):
     """A list of (label, value) lines; runs the checks (:mod:`.checks`); the network
     lines are for a job on the hosts of ``hostfile`` (none: this host)."""
     import numpy
-    from .. import __version__
     from ..collective.world import outside_the_job
     from ..launch.mpiexec import child_env, find_mpiexec, mpiexec_command
     from .info_rows import report_rows
     from .probes import ProbeSet
-    rows = [('theanompi_ext', __version__), ('python', platform.python_version()),
+    from ..launch.same_software import this_software
+    mine = this_software()
+    # the digest of its sources: what the ranks of a job compare (launch/same_software.py)
+    rows = [('theanompi_ext', '%s (%s)' % (mine['theanompi_ext'], mine['where'])),
+            ('python', platform.python_version()),
             ('numpy', numpy.__version__)]
     try:
         mpiexec, mpiexec_error = find_mpiexec(), None

@@ -176,6 +176,14 @@ class Communicator(object):
         """Gather a small picklable-free Python object (str/int/tuple) from every rank."""
         raise NotImplementedError
 
+    def allgather_bounded(self, obj, timeout_s, label=None):
+        """Gather ``obj`` (what JSON carries: dict, list, str, numbers, bools, None;
+        a tuple comes back as a list) from every rank, within ``timeout_s`` for
+        each of its two phases, else :class:`CollectiveTimeout`. It runs on the
+        bounded barrier's communicator, so a rank that is inside another
+        collective (or another program's start-up) cannot be matched with it."""
+        raise NotImplementedError
+
     def bcast(self, obj, root=0, label=None):
         """Broadcast a small Python object from ``root``."""
         raise NotImplementedError
@@ -229,6 +237,31 @@ class ObjectsOverMPI(object):
 
     def bcast(self, obj, root=0, label=None):
         return self.comm.bcast(obj, root=root)
+
+    def allgather_bounded(self, obj, timeout_s, label=None):
+        import json
+        import numpy as np
+        timeout_s = check_timeout(timeout_s)
+        data = np.frombuffer(json.dumps(obj).encode('utf-8'), np.uint8)
+        if self._agree_comm is None:
+            return [json.loads(data.tobytes().decode('utf-8'))]
+        MPI = import_mpi()
+
+        def wait(req, phase):
+            wait_test(req.Test, timeout_s, lambda: (
+                '%r: not every rank took part within %.1f s (%s; rank %d of %d waited; a '
+                'rank failed, is stopped, or is elsewhere)' % (
+                    label or 'allgather', timeout_s, phase, self.rank, self.size)),
+                poll_s=0.005)
+        sizes = np.empty(self.size, np.int64)
+        wait(self._agree_comm.Iallgather(np.array([data.size], np.int64), sizes), 'the sizes')
+        counts = [int(n) for n in sizes]
+        displs = [sum(counts[:r]) for r in range(self.size)]
+        out = np.empty(sum(counts), np.uint8)
+        wait(self._agree_comm.Iallgatherv([data, MPI.BYTE], [out, (counts, displs), MPI.BYTE]),
+             'the values')
+        return [json.loads(out[d:d + n].tobytes().decode('utf-8'))
+                for d, n in zip(displs, counts)]
 
     def barrier(self, timeout_s=None, label=None):
         timeout_s = check_timeout(timeout_s)

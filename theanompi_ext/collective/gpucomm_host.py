@@ -79,6 +79,9 @@ class GpuCommExchange(Communicator):
     def allgather(self, obj, label=None):
         return self.host.allgather(obj, label=label)
 
+    def allgather_bounded(self, obj, timeout_s, label=None):
+        return self.host.allgather_bounded(obj, timeout_s, label=label)
+
     def bcast(self, obj, root=0, label=None):
         return self.host.bcast(obj, root, label=label)
 

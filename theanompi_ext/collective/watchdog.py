@@ -499,6 +499,10 @@ class WatchedCommunicator(Communicator):
         with self.watchdog.waiting(label or 'allgather'):
             return self.inner.allgather(obj, label=label)
 
+    def allgather_bounded(self, obj, timeout_s, label=None):
+        with self.watchdog.waiting(label or 'allgather'):
+            return self.inner.allgather_bounded(obj, timeout_s, label=label)
+
     def bcast(self, obj, root=0, label=None):
         with self.watchdog.waiting(label or 'bcast from %d' % root):
             return self.inner.bcast(obj, root, label=label)

@@ -206,10 +206,11 @@ esac
 # mpiexec and keep that proxy waiting)
 # (Open MPI's daemon command is shell code, VAR=...; export VAR; prted ...: not exec'd)
 case "$*" in *\;*|*=*) run="$*" ;; *) run="exec $*" ;; esac
-# a folder this host does not share: an empty tmpfs over it, in a mount namespace of
-# the host's own (a host without the shared filesystem)
-mnt=""; pre=""
-[ -n "$hide" ] && { mnt="-m --propagation private"; pre="for d in $hide; do mount -t tmpfs tmx-unshared \$d || exit 255; done; "; }
+# a folder this host does not share: an empty tmpfs over it, or the host's own copy
+# bound over it, in a mount namespace of the host's own (a host without the shared
+# filesystem, or with another install)
+mnt=""
+[ -n "$pre" ] && mnt="-m --propagation private"
 exec ip netns exec "$ns" unshare -u $mnt bash -c "${pre}for fd in \$(ls /proc/\$\$/fd); do [ \$fd -gt 2 ] && eval \"exec \$fd>&-\" 2>/dev/null; done; hostname $host && $run"
 '''
 
@@ -244,7 +245,9 @@ class EmulatedHosts(object):
     when they cannot be made (not root, no iproute2, no netem in the kernel).
     ``unshared``: ``{host (name or index): [folder, ...]}``, folders that host does
     not share with the others: its processes see an empty folder there (a tmpfs in
-    a mount namespace of its own), as a host without the shared filesystem would.
+    a mount namespace of its own), as a host without the shared filesystem would;
+    or ``{host: {folder: copy}}``: they see the folder ``copy`` there (bound over
+    it), as on a host with its own, other install (``copy`` None: empty).
     """
 
     def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None, mpiexec=None,
@@ -258,7 +261,9 @@ class EmulatedHosts(object):
         self.unshared = {}
         for host, folders in (unshared or {}).items():
             i = host if isinstance(host, int) else self.hosts.index(host)
-            self.unshared[i] = [os.path.abspath(d) for d in folders]
+            copies = folders if isinstance(folders, dict) else dict.fromkeys(folders)
+            self.unshared[i] = {os.path.abspath(d): c and os.path.abspath(c)
+                                for d, c in copies.items()}
         self.hub = '%s%d-hub' % (PREFIX, os.getpid())
         self.folder = self.hostfile = self.mpiexec = self._reaper = None
         self.real_mpiexec, self.openmpi = mpiexec, False
@@ -339,8 +344,11 @@ class EmulatedHosts(object):
 
     def _write_scripts(self):
         q = shlex.quote
-        cases = '\n'.join('  %s) ns=%s; hide=%s ;;' % (
-            h, self.namespace(i), q(' '.join(q(d) for d in self.unshared.get(i, ()))))
+        cases = '\n'.join('  %s) ns=%s; pre=%s ;;' % (
+            h, self.namespace(i), q(''.join(
+                'mount %s %s || exit 255; ' % ('--bind ' + q(c) if c else
+                                               '-t tmpfs tmx-unshared', q(d))
+                for d, c in sorted(self.unshared.get(i, {}).items()))))
             for i, h in enumerate(self.hosts))
         launch = self._script('launch', LAUNCH_SCRIPT % {'cases': cases})
         genv = ' '.join('-genv %s %s' % (k, q(v)) for k, v in sorted(HOSTS_ENV.items()))

@@ -68,6 +68,10 @@ class BSP_Exchanger(object):  # noqa: N801 (Theano-MPI's name)
                                  'own' % (key.upper(), options[key]))
         self.mpi_comm = comm
         self.comm = exchange_communicator(comm, gpucomm, ctx)
+        from ..train.faults import check_same_software
+        from ..launch.same_software import check_same_model_code
+        check_same_software(self.comm)      # our first exchange there (launch/same_software.py)
+        check_same_model_code(self.comm, type(model))
         self.sync_type, self.exch_strategy = sync_type, exch_strategy
         self.model = model
         from .worker import choose_mode

@@ -206,6 +206,8 @@ def _build_model(comm, modelfile, modelclass, sync_type, exch_strategy, devices)
     # imports Theano itself finds it on this rank's device (a user's .theanorc
     # still wins, see engine).
     cls = import_model_class(modelfile, modelclass)
+    from ..launch.same_software import check_same_model_code
+    check_same_model_code(comm, cls)      # each host imported its own copy
     config = {'verbose': rank == 0, 'rank': rank, 'size': size, 'mname': modelclass,
               'device': devices[rank], 'sync_type': sync_type, 'exch_strategy': exch_strategy}
 

@@ -120,6 +120,16 @@ def prepare_agreement():
     return _world
 
 
+def check_same_software(comm):
+    """Refuse a job whose ranks run different software (collective, the job's first
+    exchange: :mod:`theanompi_ext.launch.same_software`)."""
+    if comm.size == 1:
+        return
+    from ..collective.mpi import library_version
+    from ..launch.same_software import check_same_software as check
+    check(comm, library_version())
+
+
 def stopped_together(exc, timeout_s=None):
     """True when every rank stopped with an error marked
     :class:`~theanompi_ext.errors.AllRanks` (so each can end normally); False

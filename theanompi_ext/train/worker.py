@@ -189,6 +189,7 @@ def guarded(fn):
     comm = faults.prepare_agreement()
     faults.note_rank('running')
     try:
+        faults.check_same_software(comm)     # the job's first exchange: every rank alike
         fn()
         faults.note_rank('done %d' % EXIT_OK)
         return EXIT_OK
