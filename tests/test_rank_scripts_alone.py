@@ -119,7 +119,17 @@ def overlap_equiv(tmp_path):
     assert not np.array_equal(d['v0'], d['initial'])
 
 
-ALONE = {'run_communicator.py': communicator, 'run_gpucomm.py': gpucomm,
+def clock_sync(tmp_path):
+    """A world of one: its own clock, nothing moved, however skewed."""
+    out = _json(run_alone('run_clock_sync.py', json.dumps([123.0]), json.dumps(['A']),
+                          timeout=120))
+    other = out['other']
+    assert other['clock_offset_us'] == {'0': 0.0} and other['clock_error_us'] == 0.0
+    assert out['step0_us'] == {'0': 0.0}
+    assert other['job_exposed_comm_us'] == [5000.0, 5000.0]
+
+
+ALONE = {'run_communicator.py': communicator, 'run_clock_sync.py': clock_sync, 'run_gpucomm.py': gpucomm,
          'run_rules.py': rules, 'run_started.py': started, 'run_wire.py': wire,
          'run_train.py': train, 'run_nonfinite.py': nonfinite,
          'run_wire_train.py': wire_train, 'run_faults.py': faults,

@@ -46,9 +46,13 @@ wants integers) named by ``"ph": "M"`` ``thread_name`` metadata events:
 and ``job_exposed_comm_us`` (:func:`job_exposed_comm`: the job's wait after
 the last rank's backward pass, which leaves out ranks waiting for each
 other) and its median.
+``clock_offset_us`` (per rank: what was added to its stamps to put them on
+rank 0's clock) and ``clock_error_us`` (the bound of that estimate).
 Timestamps are ``time.perf_counter()`` (CLOCK_MONOTONIC), common to the
-ranks of one machine; across machines the lanes of different ranks are
-not aligned.
+ranks of one machine; the ranks of other machines are moved onto rank 0's
+clock before the events are gathered (:mod:`.clock_sync`: 0 for rank 0's
+machine, else an estimate within ``clock_error_us``, half the shortest
+round trip of a bcast and an allgather).
 
 PNG (``<prefix>.png``)
 ----------------------
@@ -62,6 +66,7 @@ import json
 import numpy as np
 
 from ..files.atomic import write_atomic, write_json
+from .clock_sync import offsets_to_rank0
 
 COMPUTE_TID, COMM_TID, COPY_TID = 0, 1, 2
 LANES = {COMPUTE_TID: 'compute', COMM_TID: 'comm', COPY_TID: 'copy'}
@@ -186,14 +191,22 @@ class Timeline(object):
 
         With a communicator every rank must call this.
         """
-        mine = json.dumps({'rank': self.rank, 'events': self.events(),
-                           'exposed': self.exposed_comm(), 'marks': self.step_marks()})
+        # stamps of another machine's clock moved onto rank 0's (clock_sync.py)
+        offset, error = offsets_to_rank0(comm) if comm is not None else (0.0, 0.0)
+        events = [dict(e, ts=e['ts'] + offset) for e in self.events()]
+        marks = [(it, b + offset, None if c is None else c + offset)
+                 for it, b, c in self.step_marks()]
+        mine = json.dumps({'rank': self.rank, 'events': events, 'offset': offset,
+                           'exposed': self.exposed_comm(), 'marks': marks})
         parts = comm.allgather(mine) if comm is not None else [mine]
         if comm is not None and comm.rank != 0:
             return None
         ranks = [json.loads(p) for p in parts]
         trace = chrome_trace([e for r in ranks for e in r['events']],
                              {r['rank']: r['exposed'] for r in ranks})
+        trace['otherData']['clock_offset_us'] = {str(r['rank']): round(1e6 * r['offset'], 1)
+                                                 for r in ranks}
+        trace['otherData']['clock_error_us'] = round(1e6 * error, 1)
         job = job_exposed_comm([r['marks'] for r in ranks])
         trace['otherData']['job_exposed_comm_us'] = [round(1e6 * v, 1) for v in job]
         trace['otherData']['job_exposed_comm_median_us'] = \
