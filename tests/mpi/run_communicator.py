@@ -4,7 +4,8 @@ usage: run_communicator.py   (any number of ranks; alone, k = 1, without mpiexec
 
 Rank r holds ``data(r)``; the expected sum, max and min over ranks are
 computed here with numpy from every rank's ``data``. Every collective is
-called with a ``label``. Then the bounded barrier: the last rank arrives
+called with a ``label``; the bounded allgather returns every rank's value as
+JSON carries it. Then the bounded barrier: the last rank arrives
 late, the others must time out (CollectiveTimeout naming the label) within
 the limit plus a margin; the late rank then finds the others' barrier and
 passes. Then handle waits with a timeout while the other ranks start late,
@@ -56,7 +57,19 @@ def check_labels(comm, k):
     comm.barrier(timeout_s=30, label='test bounded barrier')    # every rank arrives
     h = comm.start_allreduce(np.ones(10, np.float32), name='test started')
     np.testing.assert_array_equal(h.wait(), np.full(10, k, np.float32))
-    for bad in (0, -1.0, 'soon'):
+    # the bounded allgather: values of different lengths, as JSON carries them
+    mine = {'rank': comm.rank, 'pad': 'x' * (7 * comm.rank), 'pair': (comm.rank, None)}
+    got = comm.allgather_bounded(mine, 30, label='test bounded allgather')
+    assert got == [{'rank': r, 'pad': 'x' * (7 * r), 'pair': [r, None]} for r in range(k)], got
+    for bad in (0, -1.0, 'soon', None):
+        try:
+            comm.allgather_bounded(1, bad)
+        except ValueError as exc:
+            assert 'timeout_s must be' in str(exc) and repr(bad) in str(exc), exc
+        else:
+            raise AssertionError('allgather_bounded(timeout_s=%r) was accepted' % (bad,))
+        if bad is None:
+            continue            # the barrier's: wait for ever
         try:
             comm.barrier(timeout_s=bad)
         except ValueError as exc:

@@ -45,6 +45,13 @@ def check_timeout(timeout_s, what='timeout_s'):
     return float(timeout_s)
 
 
+def check_bound(timeout_s, what='timeout_s'):
+    """:func:`check_timeout` where a limit is required (None refused)."""
+    if timeout_s is None:
+        raise ValueError('%s must be a number of seconds > 0 (a bounded wait), got None' % what)
+    return check_timeout(timeout_s, what)
+
+
 def wait_test(test, timeout_s, message, poll_s=1e-3):
     """Call ``test()`` until it returns True; after ``timeout_s`` raise
     :class:`CollectiveTimeout` with ``message()``. Sleeps ``poll_s`` between
@@ -241,7 +248,7 @@ class ObjectsOverMPI(object):
     def allgather_bounded(self, obj, timeout_s, label=None):
         import json
         import numpy as np
-        timeout_s = check_timeout(timeout_s)
+        timeout_s = check_bound(timeout_s)
         data = np.frombuffer(json.dumps(obj).encode('utf-8'), np.uint8)
         if self._agree_comm is None:
             return [json.loads(data.tobytes().decode('utf-8'))]
@@ -253,8 +260,8 @@ class ObjectsOverMPI(object):
                 'rank failed, is stopped, or is elsewhere)' % (
                     label or 'allgather', timeout_s, phase, self.rank, self.size)),
                 poll_s=0.005)
-        sizes = np.empty(self.size, np.int64)
-        wait(self._agree_comm.Iallgather(np.array([data.size], np.int64), sizes), 'the sizes')
+        size, sizes = np.array([data.size], np.int64), np.empty(self.size, np.int64)
+        wait(self._agree_comm.Iallgather(size, sizes), 'the sizes')    # (buffers held here)
         counts = [int(n) for n in sizes]
         displs = [sum(counts[:r]) for r in range(self.size)]
         out = np.empty(sum(counts), np.uint8)

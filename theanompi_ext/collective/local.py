@@ -3,8 +3,8 @@
 Used by one-process runs and reference computations, so the same training
 code runs with and without MPI.
 """
-from .base import (Communicator, CompletedHandle, check_buffer, check_op, check_timeout,
-                   check_wire)
+from .base import (Communicator, CompletedHandle, check_bound, check_buffer, check_op,
+                   check_timeout, check_wire)
 from .wire import WIRE_DTYPES
 
 
@@ -28,7 +28,7 @@ class LocalCommunicator(Communicator):
 
     def allgather_bounded(self, obj, timeout_s, label=None):
         import json
-        check_timeout(timeout_s)
+        check_bound(timeout_s)
         return [json.loads(json.dumps(obj))]       # as it would travel
 
     def bcast(self, obj, root=0, label=None):
