@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from theanompi_ext.errors import OutputFolderError
-from theanompi_ext.files import atomic, isolated, sealed, signals
+from theanompi_ext.files import atomic, isolated, sealed
 from theanompi_ext.launch.mpiexec import is_openmpi
 from theanompi_ext.train import checkpoint, outdir
 from theanompi_ext.train.config import TrainConfig
