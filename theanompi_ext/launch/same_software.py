@@ -52,30 +52,37 @@ INSTALL_HINT = ('Install the same on every host (one install on a shared filesys
 FIRST_EXCHANGE_S = 60.0
 FIRST_EXCHANGE_VAR = 'THEANOMPI_EXT_FIRST_EXCHANGE_S'
 
-_digests = {}
+#: This package's folder (what each rank imported).
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class SoftwareMismatch(AllRanks, BadInput):
     """The ranks do not run the same software (raised on every rank; exit status 2)."""
 
 
-def source_digest(folder=None):
+def _add_file(h, path, name):
+    """Add one file to hash ``h`` as ``name NUL size NUL body``."""
+    with open(path, 'rb') as f:
+        body = f.read()
+    h.update(b'%s\0%d\0' % (name.encode('utf-8', 'surrogateescape'), len(body)))
+    h.update(body)
+
+
+def source_digest(folder=PACKAGE):
     """SHA-256 (hex) of the ``.py`` files under ``folder`` (default: this package),
     each named by its path relative to ``folder``; ``__pycache__`` left out."""
-    folder = os.path.abspath(folder or os.path.dirname(os.path.dirname(__file__)))
-    if folder not in _digests:
-        h = hashlib.sha256()
-        for top, dirs, files in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if d != '__pycache__')
-            for name in sorted(f for f in files if f.endswith('.py')):
-                path = os.path.join(top, name)
-                with open(path, 'rb') as f:
-                    body = f.read()
-                rel = os.path.relpath(path, folder).replace(os.sep, '/')
-                h.update(b'%s\0%d\0' % (rel.encode('utf-8', 'surrogateescape'), len(body)))
-                h.update(body)
-        _digests[folder] = h.hexdigest()
-    return _digests[folder]
+    folder = os.path.abspath(folder)
+    h = hashlib.sha256()
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+        for name in sorted(f for f in files if f.endswith('.py')):
+            path = os.path.join(top, name)
+            _add_file(h, path, os.path.relpath(path, folder).replace(os.sep, '/'))
+    return h.hexdigest()
+
+
+def _mixed_allowed():
+    return os.environ.get(MIXED_VAR, '') == '1'
 
 
 def _distribution_version(name):
@@ -94,16 +101,15 @@ def this_software(mpi_library=None):
     given by the caller that has MPI."""
     import numpy
     from .. import __version__
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {'format': FORMAT,
-            'theanompi_ext': '%s, source %s' % (__version__, source_digest(package)[:12]),
+            'theanompi_ext': '%s, source %s' % (__version__, source_digest()[:12]),
             'Python': platform.python_version(),
             'numpy': numpy.__version__,
             'Theano': _distribution_version('Theano'),
             'mpi4py': _distribution_version('mpi4py'),
             'MPI library': mpi_library or 'none',
-            'where': package,
-            'mixed': os.environ.get(MIXED_VAR, '') == '1'}
+            'where': PACKAGE,
+            'mixed': _mixed_allowed()}
 
 
 def _ranks_text(ranks, hosts):
@@ -173,11 +179,8 @@ def code_digest(path):
     of that file alone."""
     if os.path.isdir(path):
         return source_digest(path)
-    with open(path, 'rb') as f:
-        body = f.read()
-    h = hashlib.sha256(b'%s\0%d\0' % (os.path.basename(path).encode('utf-8', 'surrogateescape'),
-                                      len(body)))
-    h.update(body)
+    h = hashlib.sha256()
+    _add_file(h, path, os.path.basename(path))
     return h.hexdigest()
 
 
@@ -200,7 +203,7 @@ def check_same_model_code(comm, cls, warn=None):
     if comm.size == 1:
         return []
     code = model_code(cls)
-    mine = {'format': FORMAT, 'mixed': os.environ.get(MIXED_VAR, '') == '1',
+    mine = {'format': FORMAT, 'mixed': _mixed_allowed(),
             'model': code and '%s, source %s' % (code[0], code_digest(code[1])[:12]),
             'where': code and code[1]}
     return _check(comm, mine, ('model',), warn, 'Give every host the same model files (one '
