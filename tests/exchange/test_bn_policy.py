@@ -1,6 +1,5 @@
 """What the exchange sends: never BN statistics; gamma/beta only on request."""
 import numpy as np
-import pytest
 
 from theanompi_ext.collective.local import LocalCommunicator
 from theanompi_ext.data.digits import load_digits

@@ -187,6 +187,22 @@ def test_cut_and_restore_a_link(tmp_path):
         time.sleep(0.2)
         assert probe() == 'reached'
 
+        # a link slowed and then unshaped mid-run: tbf on both of its ends, then none
+        def qdiscs():
+            return [subprocess.run(['ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'show', 'dev',
+                                    dev], capture_output=True, text=True).stdout
+                    for ns, dev in ((eh.hub, eh.link(1)), (eh.namespace(1), 'eth0'))]
+        assert not any('tbf' in q for q in qdiscs())
+        eh.set_rate('tmxh1', '1mbit')
+        assert all(re.search(r'tbf .*rate 1Mbit', q) for q in qdiscs()), qdiscs()
+        eh.set_rate(1, '2mbit')
+        assert all(re.search(r'tbf .*rate 2Mbit', q) for q in qdiscs()), qdiscs()
+        with pytest.raises(ValueError):
+            eh.set_rate('tmxh1', 'fast')
+        eh.set_rate('tmxh1', None)
+        assert not any('tbf' in q for q in qdiscs()), qdiscs()
+        assert probe() == 'reached'
+
 
 TRAIN = ['train', '--workers', '4', '--model', 'digits_cnn', '--epochs', '1', '--warmup',
          'none', '--batch-per-worker', '16', '--base-lr', '0.05', '--ref-batch', '64',

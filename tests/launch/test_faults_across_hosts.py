@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from support import suspend
@@ -232,6 +233,78 @@ def test_link_cut_longer_than_the_timeout(eh, tmp_path):
                         r'mpiexec had not ended', last), text[-3000:]
     # the far side: its own watchdog, then MPI_Abort's ABORT_ALONE_S; 5 s of slack (load)
     assert t_gone < TIMEOUT_S + 2.3 + 2 + ABORT_ALONE_S + 5
+    whole_checkpoint(job)
+
+
+SHORT_CUT_S = 6         # the link's cut in test_link_cut_shorter_than_the_timeout
+
+
+def test_link_cut_shorter_than_the_timeout_goes_on(eh, tmp_path):
+    """tmxh1's link down for SHORT_CUT_S during training, inside a collective timeout
+    of three times that, then up: TCP carries on where it stopped, the job goes on to
+    its last step with status 0 and the parameters of a run never cut (bitwise: the
+    same sums, only later). Meanwhile the stall lines name the rank across the cut
+    and its host, and nothing times out."""
+    args = ('--max-steps', '30', '--collective-timeout-s', str(3 * SHORT_CUT_S),
+            '--write-timeout-s', str(3 * SHORT_CUT_S))
+    os.mkdir(str(tmp_path / 'ref'))
+    ref = Job(eh, str(tmp_path / 'ref'), *args)
+    assert ref.end()[0] == 0, ref.text()[-3000:]
+    os.mkdir(str(tmp_path / 'cut'))
+    job = Job(eh, str(tmp_path / 'cut'), *args, quiet=False)
+    job.training()
+    eh.cut('tmxh1')
+    try:
+        time.sleep(SHORT_CUT_S)
+        assert job.proc.poll() is None, job.text()[-3000:]
+    finally:
+        eh.restore('tmxh1')
+    t0 = time.monotonic()
+    rc, _ = job.end()
+    print('\nlink of tmxh1 cut %d s (collective_timeout_s=%d) -> the job ended %.2f s after '
+          'it was restored, status %d' % (SHORT_CUT_S, 3 * SHORT_CUT_S,
+                                         time.monotonic() - t0, rc))
+    text = job.text()
+    assert rc == 0, text[-3000:]
+    assert 'no progress' not in text, text[-3000:]
+    assert re.search(r'stall: rank 0 of 2 has waited .* not arrived: rank 1 \(pid \d+ on '
+                     r'tmxh1\)', text), text[-3000:]
+    everything_gone(eh, time.monotonic())
+    got = np.load(os.path.join(job.out, 'params.npz'))
+    want = np.load(os.path.join(ref.out, 'params.npz'))
+    assert sorted(got.files) == sorted(want.files)
+    for name in want.files:
+        assert np.array_equal(got[name], want[name]), name
+
+
+SLOW_LINK = '64kbit'     # 57 KB of gradients per step: 7 s a step once tbf's burst is spent
+
+
+def test_link_too_slow_for_the_timeout(eh, tmp_path):
+    """tmxh1's link slowed to 64 kbit/s during training (``eh.set_rate``): a step's
+    exchange takes longer than the collective timeout, and the watchdogs' questions
+    queue behind the data. The job ends with status 4, the report blames the link
+    between the hosts (not only a dead or stopped rank), nothing is left, and the
+    last checkpoint is whole."""
+    job = Job(eh, str(tmp_path), '--collective-timeout-s', '4', '--stall-warn-s', '2')
+    job.training()
+    t0 = time.monotonic()
+    eh.set_rate('tmxh1', SLOW_LINK)
+    try:
+        rc, _ = job.end()
+        t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
+    finally:
+        eh.set_rate('tmxh1', None)
+    text = job.text()
+    print('\nlink of tmxh1 slowed to %s -> launcher exit %.2f s, every host clear %.2f s: %s'
+          % (SLOW_LINK, t_exit, t_gone, [ln for ln in text.splitlines() if 'no progress' in ln]))
+    assert rc == 4, text[-3000:]
+    assert re.search(r"rank \d of 2 \(pid \d+ on tmxh\d\): no progress for [\d.]+ s in '[^']+' "
+                     r"at step \d+ \(collective_timeout_s=4\); (every rank has arrived \(.*\): "
+                     r"the collective is not finishing; the link between tmxh. and tmxh. is "
+                     r"slow, congested or cut|not arrived: rank \d \(pid \d+ on tmxh\d\) no "
+                     r"answer within [\d.]+ s \(dead, stopped, or busy in compiled code holding "
+                     r"the GIL, or the link to tmxh\d slow or cut\))", text), text[-3000:]
     whole_checkpoint(job)
 
 

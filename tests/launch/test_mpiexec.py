@@ -1,7 +1,6 @@
 """The mpiexec command lines for MPICH and Open MPI, and one real job of this
 venv's MPI: no start-up chatter, the local rank, the environment (docs/openmpi.md)."""
 import json
-import os
 import subprocess
 import sys
 

@@ -35,8 +35,6 @@ import os
 import threading
 import time
 
-import numpy as np
-
 from .base import (Communicator, CompletedHandle, Handle, ObjectsOverMPI, check_buffer,
                    check_op, check_timeout, check_wire, wait_test)
 from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, WireTransfer, wire_allreduce, free_ops

@@ -140,7 +140,7 @@ class TwoLevel(object):
 
     def __init__(self, comm, algorithm=None, environ=None, piece_bytes=None):
         self.piece_bytes = PIECE_BYTES if piece_bytes is None else int(piece_bytes)
-        self._MPI = MPI = import_mpi()
+        self._MPI = import_mpi()
         self.local = host_comm(comm, environ)
         self.local_rank, self.local_size = self.local.Get_rank(), self.local.Get_size()
         sizes = comm.allgather(self.local_size)

@@ -129,6 +129,7 @@ class Watchdog(object):
         self.clock = RunningClock()
         self._state = (0, -1, 'start', self.clock.now(), False, False)
         self._qid = 0
+        self._seen = {}             # rank -> (its latest answer, when it came)
         self._sends = []
         self._chan = None
         self._thread = None
@@ -298,21 +299,62 @@ class Watchdog(object):
     def _missing_text(self, seq, answers):
         if self._chan is None:
             return 'the other ranks cannot be asked (no MPI side channel with this backend)'
-        late = self.not_arrived(seq, answers)
+        # A rank silent now that said earlier it was in this wait (or past it) has
+        # arrived: its answer is held up behind the collective's own data on a slow
+        # or cut link, or it was stopped since
+        silent = sorted(r for r, a in answers.items() if a is None and r in self._seen
+                        and self._seen[r][0].seq >= seq)
+        late = [r for r in self.not_arrived(seq, answers) if r not in silent]
         phase = self._phase
         if not late and phase is not None and phase[2]:
             return phase[2]
+        if not late and not silent:
+            return 'every rank has arrived (the collective itself is stuck%s)' % (
+                ', or too slow across the link between hosts' if self._hosts() > 1 else '')
         if not late:
-            return 'every rank has arrived (the collective itself is stuck)'
+            now = self.clock.now()
+            said = '; '.join("%s said %.1f s ago it waited in '%s'"
+                             % (self._who(r), now - self._seen[r][1], self._seen[r][0].label)
+                             for r in silent)
+            return ('every rank has arrived (%s, and answers no more within %.1f s): the '
+                    'collective is not finishing; %s' % (said, self.reply_s,
+                                                         self._why_silent(silent)))
         parts = []
         for r in late:
-            pid, host = self.identities[r]
             a = answers[r]
             where = a.describe() if a is not None else (
                 'no answer within %.1f s (dead, stopped, or busy in compiled code '
-                'holding the GIL)' % self.reply_s)
-            parts.append('rank %d (pid %d on %s) %s' % (r, pid, host, where))
-        return 'not arrived: ' + '; '.join(parts)
+                'holding the GIL%s)' % (self.reply_s, self._link_clause(r)))
+            parts.append('%s %s' % (self._who(r), where))
+        text = 'not arrived: ' + '; '.join(parts)
+        if silent:
+            text += '; arrived, silent since: ' + ', '.join(self._who(r) for r in silent)
+        return text
+
+    def _who(self, r):
+        """``rank R (pid P on HOST)``."""
+        pid, host = self.identities[r]
+        return 'rank %d (pid %d on %s)' % (r, pid, host)
+
+    def _hosts(self):
+        return len(set(host for _, host in self.identities))
+
+    def _link_clause(self, r):
+        """', or the link to its host slow or cut' for a rank on another host."""
+        host = self.identities[r][1]
+        return ', or the link to %s slow or cut' % host \
+            if host != self.identities[self.rank][1] else ''
+
+    def _why_silent(self, ranks):
+        """Why ranks that had arrived no longer answer: the link for ranks on other
+        hosts, else a stop or a stuck transport."""
+        them = 'it was' if len(ranks) == 1 else 'they were'
+        far = sorted(set(self.identities[r][1] for r in ranks) -
+                     {self.identities[self.rank][1]})
+        if far:
+            return ('the link between %s and %s is slow, congested or cut (or %s stopped '
+                    'since)' % (self.identities[self.rank][1], ', '.join(far), them))
+        return '%s stopped since, or the transport is stuck' % them
 
     @staticmethod
     def not_arrived(seq, answers):
@@ -338,6 +380,8 @@ class Watchdog(object):
             self._serve(answers)
             time.sleep(_INQUIRY_POLL_S)
             self.clock.tick(_INQUIRY_POLL_S)
+        now = self.clock.now()
+        self._seen.update((r, (a, now)) for r, a in answers.items())
         return {r: answers.get(r) for r in peers}
 
     def _serve(self, answers=None):

@@ -29,7 +29,8 @@ its out-of-band and TCP traffic kept on the hosts' subnet.
 ``THEANOMPI_EXT_LAUNCH_AGENT`` to WRAPPER, for ``launch/reach.py``), so
 ``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
 hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
-and up during a run; ``rate`` (tbf) and ``delay`` (netem) shape every link,
+and up during a run, ``eh.set_rate(h, rate)`` slows it down (or up) during a
+run; ``rate`` (tbf) and ``delay`` (netem) shape every link,
 and ``queue`` sets how long a packet may wait at a shaped link (tbf's queue:
 deep enough by default that the project's collectives lose nothing there).
 Shared memory still works within a host (the ranks of one host share /dev/shm).
@@ -266,6 +267,7 @@ class EmulatedHosts(object):
                                 for d, c in copies.items()}
         self.hub = '%s%d-hub' % (PREFIX, os.getpid())
         self.folder = self.hostfile = self.mpiexec = self._reaper = None
+        self._rates = {}                # host index -> its link's rate now
         self.real_mpiexec, self.openmpi = mpiexec, False
 
     def namespace(self, host):
@@ -322,12 +324,16 @@ class EmulatedHosts(object):
             _ip('-n', ns, 'addr', 'add', self.address(i) + '/24', 'dev', HOST_DEV)
             self._shape(self.hub, dev, delay=None)      # into the host
             self._shape(ns, HOST_DEV, delay=self.delay)  # out of the host
+            self._rates[i] = self.rate
             _ip('-n', self.hub, 'link', 'set', dev, 'up')
             _ip('-n', ns, 'link', 'set', HOST_DEV, 'up')
 
+    def _tbf(self, rate):
+        return ['tbf', 'rate', str(rate), 'burst', DEFAULT_BURST, 'latency', str(self.queue)]
+
     def _shape(self, ns, dev, delay):
         tc = ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', dev]
-        tbf = ['tbf', 'rate', str(self.rate), 'burst', DEFAULT_BURST, 'latency', str(self.queue)]
+        tbf = self._tbf(self.rate)
         try:
             if delay and self.rate:
                 _ip(*tc + ['root', 'handle', '1:', 'netem', 'delay', str(delay)])
@@ -393,6 +399,23 @@ class EmulatedHosts(object):
     def restore(self, host):
         """Bring ``host``'s link back up after :meth:`cut`."""
         _ip('-n', self.hub, 'link', 'set', self.link(host), 'up')
+
+    def set_rate(self, host, rate):
+        """Shape ``host``'s link to ``rate`` (tc units, both directions) from now on,
+        also during a run: a link that degrades, or recovers; None: not shaped. A
+        ``delay`` stays as it was."""
+        check_shaping(rate, None, self.queue)
+        i = host if isinstance(host, int) else self.hosts.index(host)
+        # the delay (netem) is the host side's root, with tbf as its child
+        for ns, dev, delayed in ((self.hub, self.link(i), False),
+                                 (self.namespace(i), HOST_DEV, bool(self.delay))):
+            where = ['parent', '1:', 'handle', '2:'] if delayed else ['root']
+            tc = ['netns', 'exec', ns, 'tc', 'qdisc']
+            if rate is not None:
+                _ip(*tc + ['replace', 'dev', dev] + where + self._tbf(rate))
+            elif self._rates[i] is not None:
+                _ip(*tc + ['del', 'dev', dev] + where)
+        self._rates[i] = rate
 
     def link_bytes(self, host):
         """Bytes carried so far by ``host``'s link: ``(into the host, out of it)``."""
