@@ -1,4 +1,4 @@
-"""The end of a rank whose ``MPI_Abort`` cannot reach the launcher.
+"""The end of a rank whose ``MPI_Abort`` or ``MPI_Finalize`` cannot reach the launcher.
 
 ``MPI_Abort`` asks the launcher (through this host's hydra proxy or Open MPI
 daemon) to end every rank, and waits for it. When the link to the launcher's
@@ -14,6 +14,17 @@ ends the rank at once, and that daemon then waits for the launcher forever
 (measured, Open MPI 5.0.11 on emulated hosts, the link cut: the far host's
 ``prted`` stayed until the link came back). So the daemon is also watched
 from a process of its own (:func:`watch_daemon`), which outlives the rank.
+
+A rank that has *finished* meets the same cut at its end: Open MPI's
+``MPI_Finalize`` waits for the launcher (measured, Open MPI 5.0.11, the
+launcher's address taken away after training began: both ranks wrote their
+outputs and their notes, then stayed in ``MPI_Finalize`` with their
+``prted`` daemons for as long as we watched, holding the launcher's output
+pipes; hydra's ranks and proxies ended by themselves).
+:func:`watch_finalize`, started once a rank's work is done, ends the rank and
+its daemon if they are still alive some seconds later
+(``launch/after_ranks.finalize_alone_s``); by then the launcher has stopped
+mpiexec (``launch/after_ranks.py``), so nothing is left waiting on either side.
 """
 import os
 import signal
@@ -47,24 +58,38 @@ def end_alone(code):
     os._exit(code)
 
 
-#: The watcher of :func:`watch_daemon` (``python -S -c``): argv PID SECONDS.
+#: The watcher of :func:`watch_daemon` and :func:`watch_finalize` (``python -S -c``):
+#: argv SECONDS PID...; SIGKILLs, in order, those still alive after SECONDS.
 _WATCH = r'''
 import os, signal, sys, time
-pid, end = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
-def alive():
+end, pids = time.monotonic() + float(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+def alive(pid):
     try:
         with open('/proc/%d/stat' % pid) as f:
             return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
     except (OSError, IndexError):
         return False
-while alive() and time.monotonic() < end:
+while any(alive(p) for p in pids) and time.monotonic() < end:
     time.sleep(0.1)
-if alive():
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+for pid in pids:
+    if alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 '''
+
+
+def _watch(alone_s, pids):
+    """Start the watcher of ``pids`` (a session of its own, no file of ours open);
+    returns it, or None when it cannot start."""
+    try:
+        return subprocess.Popen([sys.executable, '-S', '-E', '-c', _WATCH, str(alone_s)] +
+                                [str(p) for p in pids], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True, start_new_session=True)
+    except OSError:
+        return None
 
 
 def watch_daemon(alone_s=ABORT_ALONE_S):
@@ -75,13 +100,18 @@ def watch_daemon(alone_s=ABORT_ALONE_S):
     ppid = os.getppid()
     if _parent_name(ppid) not in MPI_DAEMONS:
         return None
-    try:
-        return subprocess.Popen([sys.executable, '-S', '-E', '-c', _WATCH, str(ppid),
-                                 str(alone_s)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True, start_new_session=True)
-    except OSError:
-        return None        # the timer below still covers an MPI_Abort that waits
+    return _watch(alone_s, [ppid])   # None: the timer of abort() still covers a wait
+
+
+def watch_finalize(alone_s):
+    """Once this rank's work is done (its outputs written, its note left): if its
+    parent is an MPI daemon, start a process that SIGKILLs this rank and then the
+    daemon if either is still alive ``alone_s`` seconds from now, and otherwise
+    ends when both have gone; returns that process, or None."""
+    ppid = os.getppid()
+    if _parent_name(ppid) not in MPI_DAEMONS:
+        return None
+    return _watch(alone_s, [os.getpid(), ppid])
 
 
 #: Callables ``fn(code)`` run just before this rank aborts (:func:`before_abort`).

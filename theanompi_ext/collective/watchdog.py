@@ -299,37 +299,20 @@ class Watchdog(object):
     def _missing_text(self, seq, answers):
         if self._chan is None:
             return 'the other ranks cannot be asked (no MPI side channel with this backend)'
-        # A rank silent now that said earlier it was in this wait (or past it) has
-        # arrived: its answer is held up behind the collective's own data on a slow
-        # or cut link, or it was stopped since
-        silent = sorted(r for r, a in answers.items() if a is None and r in self._seen
-                        and self._seen[r][0].seq >= seq)
-        late = [r for r in self.not_arrived(seq, answers) if r not in silent]
+        late = self.not_arrived(seq, answers)
         phase = self._phase
         if not late and phase is not None and phase[2]:
             return phase[2]
-        if not late and not silent:
+        if not late:
             return 'every rank has arrived (the collective itself is stuck%s)' % (
                 ', or too slow across the link between hosts' if self._hosts() > 1 else '')
-        if not late:
-            now = self.clock.now()
-            said = '; '.join("%s said %.1f s ago it waited in '%s'"
-                             % (self._who(r), now - self._seen[r][1], self._seen[r][0].label)
-                             for r in silent)
-            return ('every rank has arrived (%s, and answers no more within %.1f s): the '
-                    'collective is not finishing; %s' % (said, self.reply_s,
-                                                         self._why_silent(silent)))
         parts = []
         for r in late:
             a = answers[r]
-            where = a.describe() if a is not None else (
-                'no answer within %.1f s (dead, stopped, or busy in compiled code '
-                'holding the GIL%s)' % (self.reply_s, self._link_clause(r)))
+            where = a.describe() if a is not None else 'no answer within %.1f s (%s)' % (
+                self.reply_s, self._why_silent(r, seq))
             parts.append('%s %s' % (self._who(r), where))
-        text = 'not arrived: ' + '; '.join(parts)
-        if silent:
-            text += '; arrived, silent since: ' + ', '.join(self._who(r) for r in silent)
-        return text
+        return 'not arrived: ' + '; '.join(parts)
 
     def _who(self, r):
         """``rank R (pid P on HOST)``."""
@@ -339,22 +322,23 @@ class Watchdog(object):
     def _hosts(self):
         return len(set(host for _, host in self.identities))
 
-    def _link_clause(self, r):
-        """', or the link to its host slow or cut' for a rank on another host."""
+    def _why_silent(self, r, seq):
+        """Why rank ``r`` may not answer. A rank that answered from inside this wait
+        (or past it) at an earlier inquiry, a stall line's, has arrived: its answer
+        is queued behind the collective's own data on a slow link (the side channel
+        shares it), or it was stopped since (a writer, inside its write); on another
+        host the link is named. It stays "not arrived" in the report, which names
+        the ranks that hold the others up."""
         host = self.identities[r][1]
-        return ', or the link to %s slow or cut' % host \
-            if host != self.identities[self.rank][1] else ''
-
-    def _why_silent(self, ranks):
-        """Why ranks that had arrived no longer answer: the link for ranks on other
-        hosts, else a stop or a stuck transport."""
-        them = 'it was' if len(ranks) == 1 else 'they were'
-        far = sorted(set(self.identities[r][1] for r in ranks) -
-                     {self.identities[self.rank][1]})
-        if far:
-            return ('the link between %s and %s is slow, congested or cut (or %s stopped '
-                    'since)' % (self.identities[self.rank][1], ', '.join(far), them))
-        return '%s stopped since, or the transport is stuck' % them
+        far = host != self.identities[self.rank][1]
+        seen = self._seen.get(r)
+        if seen is not None and seen[0].seq >= seq:
+            return 'it answered %.1f s ago, in this wait or past it: %s' % (
+                self.clock.now() - seen[1],
+                'the link to %s is slow, congested or cut, or it was stopped since' % host
+                if far else 'stopped since, or busy in compiled code holding the GIL')
+        return 'dead, stopped, or busy in compiled code holding the GIL%s' % (
+            ', or the link to %s slow or cut' % host if far else '')
 
     @staticmethod
     def not_arrived(seq, answers):

@@ -30,7 +30,7 @@ its out-of-band and TCP traffic kept on the hosts' subnet.
 ``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
 hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
 and up during a run, ``eh.set_rate(h, rate)`` slows it down (or up) during a
-run; ``rate`` (tbf) and ``delay`` (netem) shape every link,
+run, ``eh.cut_hub()``/``eh.restore_hub()`` cut the launcher off the hosts; ``rate`` (tbf) and ``delay`` (netem) shape every link,
 and ``queue`` sets how long a packet may wait at a shaped link (tbf's queue:
 deep enough by default that the project's collectives lose nothing there).
 Shared memory still works within a host (the ranks of one host share /dev/shm).
@@ -399,6 +399,16 @@ class EmulatedHosts(object):
     def restore(self, host):
         """Bring ``host``'s link back up after :meth:`cut`."""
         _ip('-n', self.hub, 'link', 'set', self.link(host), 'up')
+
+    def cut_hub(self):
+        """Cut the launcher's host (the hub) off the hosts, which still reach each
+        other through its bridge: the hub's address is taken away, so what it sent
+        and what is sent to it is dropped, as over a cut link (a login node lost)."""
+        _ip('-n', self.hub, 'addr', 'del', HUB_ADDRESS + '/24', 'dev', BRIDGE)
+
+    def restore_hub(self):
+        """Give the hub its address back after :meth:`cut_hub`."""
+        _ip('-n', self.hub, 'addr', 'add', HUB_ADDRESS + '/24', 'dev', BRIDGE)
 
     def set_rate(self, host, rate):
         """Shape ``host``'s link to ``rate`` (tc units, both directions) from now on,

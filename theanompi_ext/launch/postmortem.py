@@ -25,6 +25,7 @@ import time
 from .. import output_faults, stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE,
                       EXIT_TIMED_OUT, EXIT_TIMEOUT)
+from .after_ranks import AfterRanks, after_ranks_s
 from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
 from .job_control import JobControl
@@ -531,6 +532,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     job once ``started()``.
     """
     out, err = out or sys.stdout, err or sys.stderr
+    try:
+        after_ranks_wait = after_ranks_s()
+    except ValueError as exc:
+        err.write('theanompi-ext: %s\n' % exc)
+        return EXIT_BAD_INPUT
     folder = make_ranks_folder()
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
@@ -563,6 +569,10 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             proc, folder, grace=AFTER_ABORT_GRACE_S, openmpi=openmpi))
         if openmpi:
             after_abort.start()
+        # every rank ended, and mpiexec does not hear it from their hosts (after_ranks.py)
+        after_ranks = AfterRanks(proc, folder, size or 0, lambda: stop_job(
+            proc, folder, grace=AFTER_ABORT_GRACE_S, openmpi=openmpi), after_ranks_wait)
+        after_ranks.start()
         # Both streams are copied by threads: the main thread only waits in slices,
         # so that it runs a stop signal's handler whichever thread took the signal
         # (launch/awake.py)
@@ -584,6 +594,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             return last_words(EXIT_TIMED_OUT, timed_out_message(timeout))
         report = out_report if out_report.pid is not None else err_report
         notes = read_rank_notes(folder)
+        if after_ranks.fired:
+            message, status = after_ranks.message(notes)
+            return last_words(status, message)
         if after_abort.fired:
             message, status = after_abort.message(size, notes)
             if report.peer_lost is None:

@@ -36,6 +36,7 @@ import socket
 import sys
 
 from ..errors import AllRanks, BadInput
+from .env_seconds import seconds_from_env
 
 #: Set to 1 (on rank 0) to run with ranks whose software differs, warned.
 MIXED_VAR = 'THEANOMPI_EXT_MIXED_SOFTWARE'
@@ -212,16 +213,7 @@ def check_same_model_code(comm, cls, warn=None):
 
 def first_exchange_s(environ=None):
     """:data:`FIRST_EXCHANGE_S`, or ``$THEANOMPI_EXT_FIRST_EXCHANGE_S`` (seconds > 0)."""
-    text = (os.environ if environ is None else environ).get(FIRST_EXCHANGE_VAR, '')
-    if not text:
-        return FIRST_EXCHANGE_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = float('nan')
-    if not 0 < value < float('inf'):
-        raise BadInput('%s=%r: not a number of seconds > 0' % (FIRST_EXCHANGE_VAR, text))
-    return value
+    return seconds_from_env(FIRST_EXCHANGE_VAR, FIRST_EXCHANGE_S, environ)
 
 
 def _check(comm, mine, components, warn, hint):

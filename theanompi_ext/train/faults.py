@@ -120,6 +120,17 @@ def prepare_agreement():
     return _world
 
 
+def bound_the_end(comm):
+    """This rank has ended its part (its note says how): it and its MPI daemon end
+    within a bound even when MPI_Finalize cannot reach the launcher
+    (:func:`~theanompi_ext.collective.abort_alone.watch_finalize`)."""
+    if comm.size == 1:
+        return
+    from ..collective.abort_alone import watch_finalize
+    from ..launch.after_ranks import finalize_alone_s
+    watch_finalize(finalize_alone_s())
+
+
 def check_same_software(comm):
     """Refuse a job whose ranks run different software (collective, the job's first
     exchange: :mod:`theanompi_ext.launch.same_software`)."""

@@ -192,6 +192,7 @@ def guarded(fn):
         faults.check_same_software(comm)     # the job's first exchange: every rank alike
         fn()
         faults.note_rank('done %d' % EXIT_OK)
+        faults.bound_the_end(comm)
         return EXIT_OK
     except BaseException as exc:  # noqa: B902 - includes KeyboardInterrupt
         who = 'rank %d of %d ' % (comm.rank, comm.size) if comm.size > 1 else ''
@@ -228,6 +229,7 @@ def guarded(fn):
             import time
             time.sleep(0.5)   # let the launcher forward this rank's message first
             comm.abort(status)
+        faults.bound_the_end(comm)
         return status
 
 

@@ -1,0 +1,20 @@
+"""Limits in seconds that a job takes from the environment (read by the launcher
+and by the ranks, which it passes them on to)."""
+import os
+
+from ..errors import BadInput
+
+
+def seconds_from_env(var, default, environ=None):
+    """``$var`` as seconds (a number > 0, finite), ``default`` where unset or empty;
+    :class:`~theanompi_ext.errors.BadInput` naming the variable otherwise."""
+    text = (os.environ if environ is None else environ).get(var, '')
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float('nan')
+    if not 0 < value < float('inf'):
+        raise BadInput('%s=%r: not a number of seconds > 0' % (var, text))
+    return value
