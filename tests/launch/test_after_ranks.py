@@ -15,7 +15,8 @@ import pytest
 from theanompi_ext.errors import BadInput
 from theanompi_ext.launch.after_ranks import (AFTER_RANKS_S, AFTER_RANKS_VAR,
                                               FINALIZE_MARGIN_S, AfterRanks, after_ranks_s,
-                                              ended, finalize_alone_s)
+                                              ended, finalize_alone_s,
+                                              settled)
 from theanompi_ext.launch.rank_notes import write_rank_note
 
 
@@ -33,7 +34,9 @@ def test_the_wait_and_bad_values():
 
 def test_ended_rule():
     done = {0: (1, 'a', 'done 0'), 1: (2, 'b', 'failed 3')}
-    assert ended(done, 2)
+    assert ended(done, 2) and settled(done, 2)
+    assert settled({0: (1, 'a', 'failed 4'), 1: (2, 'b', 'running')}, 2)
+    assert not settled({0: (1, 'a', 'done 0'), 1: (2, 'b', 'running')}, 2)
     assert not ended(done, 3)                        # a rank has not noted itself
     assert not ended({**done, 2: (3, 'b', 'running')}, 3)
     assert not ended({}, 0)                          # the size unknown: never
@@ -67,6 +70,18 @@ def test_mpiexec_is_stopped_once_every_rank_has_ended(tmp_path):
     assert proc.wait(5) is not None
 
 
+def test_a_failed_rank_is_enough(tmp_path):
+    """A rank that failed (it aborts the job) and one still running: mpiexec that has
+    not ended the job by then cannot reach its hosts, and is stopped too."""
+    folder = str(tmp_path)
+    write_rank_note(folder, 1, 'running')
+    proc, watch, stops = _watch(folder, 2)
+    write_rank_note(folder, 0, 'failed 4')
+    watch.join(10)
+    assert watch.fired and stops
+    assert proc.wait(5) is not None
+
+
 def test_nothing_is_stopped_while_a_rank_runs(tmp_path):
     folder = str(tmp_path)
     write_rank_note(folder, 0, 'done 0')
@@ -92,8 +107,14 @@ def test_the_launchers_line_says_what_the_ranks_did():
     text, status = _message({0: (11, 'a', 'done 0'), 1: (12, 'b', 'failed 3'),
                              2: (13, 'b', 'failed 4')}, size=3)
     assert status == 3
-    assert text.startswith('theanompi-ext: rank 1 of 3 (pid 12 on b) ended the job (exit status '
-                           '3); its own line above says why; mpiexec had not ended 20 s'), text
+    assert text == ('theanompi-ext: rank 1 of 3 (pid 12 on b) ended the job (exit status 3); '
+                    'mpiexec had not ended 20 s after every rank had (it lost its connection to '
+                    'their hosts, a, b?) and was stopped; its own line, if it is not above, was '
+                    'lost with that connection'), text
+    # a rank failed (its abort not passed on), another still running
+    text, status = _message({0: (11, 'a', 'failed 4'), 1: (12, 'b', 'running')})
+    assert status == 4
+    assert 'ended the job (exit status 4); mpiexec had not ended 20 s after rank 0 failed' in text
     text, status = _message({0: (11, 'a', 'stopped 75'), 1: (12, 'b', 'stopped 75')})
     assert status == 75
     assert text.startswith('theanompi-ext: all 2 ranks stopped after the checkpoint, as asked: '

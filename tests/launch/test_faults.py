@@ -184,25 +184,72 @@ def _dog(**kw):
     return dog, aborted, stream
 
 
-def test_watchdog_times_out_only_armed_waits():
-    dog, aborted, stream = _dog(timeout_s=0.3, stall_warn_s=0.1)
+def _armed_wait(dog, step, label, until, limit_s=10):
+    """Seconds spent in watched wait ``label`` at ``step`` until ``until`` is not
+    empty (or ``limit_s``); the watchdog closed after."""
     try:
-        with dog.waiting('compile'):          # disarmed: start-up, evaluation
-            time.sleep(0.5)
-        assert not aborted and not stream.getvalue()
-        dog.arm(5)
+        dog.arm(step)
         t0 = time.monotonic()
-        with dog.waiting('bucket1'):
-            while not aborted and time.monotonic() - t0 < 10:
+        with dog.waiting(label):
+            while not until and time.monotonic() - t0 < limit_s:
                 time.sleep(0.01)
-        waited = time.monotonic() - t0
+        return time.monotonic() - t0
     finally:
         dog.close()
+
+
+def test_watchdog_times_out_only_armed_waits():
+    dog, aborted, stream = _dog(timeout_s=0.3, stall_warn_s=0.1)
+    with dog.waiting('compile'):          # disarmed: start-up, evaluation
+        time.sleep(0.5)
+    assert not aborted and not stream.getvalue()
+    waited = _armed_wait(dog, 5, 'bucket1', aborted)
     assert aborted == [4] and 0.3 <= waited < 3
     text = stream.getvalue()
     assert "stall: rank 0 of 2 has waited" in text
     assert "no progress for" in text and "'bucket1' at step 5" in text
     assert 'cannot be asked' in text and 'exit status 4' in text
+
+
+def test_a_watchdog_held_inside_mpi_is_covered_by_its_sentinel():
+    """The watchdog thread's own MPI call never returns (MPICH's lock held by the main
+    thread's collective, a peer dead: measured across emulated hosts): the sentinel,
+    which calls no MPI, ends the rank without MPI, past the limit + reply_s +
+    stuck_s, naming the wait; the watchdog's abort is never reached."""
+    from theanompi_ext.collective.watchdog import Watchdog
+
+    class HeldInMPI(Watchdog):
+        def _serve(self, answers=None):
+            if self.armed:
+                time.sleep(60)          # an Iprobe waiting for a lock nobody gives back
+    aborted, ended, stream = [], [], io.StringIO()
+    dog = HeldInMPI(_FakeTwoRanks(), timeout_s=0.3, stall_warn_s=0, poll_s=0.02,
+                    reply_s=0.05, stream=stream, abort=aborted.append, end=ended.append,
+                    stuck_s=0.5)
+    waited = _armed_wait(dog, 7, 'bucket2', ended, limit_s=20)
+    assert ended == [4] and not aborted
+    assert 0.85 <= waited < 5, waited
+    text = stream.getvalue()
+    assert re.match(r"theanompi-ext: rank 0 of 2 \(pid \d+ on \S+\): no progress for [\d.]+ s in "
+                    r"'bucket2' at step 7; the MPI library itself is stuck \(the watchdog's own "
+                    r"MPI call has not returned for [\d.]+ s: .*\); ending this rank without MPI "
+                    r"\(exit status 4\)$", text.strip()), text
+
+
+def test_the_sentinel_stands_by_while_the_watchdog_runs():
+    """A watchdog that goes round its loop: the sentinel never ends the rank, the
+    watchdog's own abort does (at its limit)."""
+    aborted, ended, stream = [], [], io.StringIO()
+    from theanompi_ext.collective.watchdog import Watchdog
+    dog = Watchdog(_FakeTwoRanks(), timeout_s=0.3, stall_warn_s=0, poll_s=0.02, reply_s=0.05,
+                   stream=stream, abort=aborted.append, end=ended.append, stuck_s=0.2)
+    try:
+        dog.arm(1)
+        with dog.waiting('loss stats'):
+            time.sleep(2.0)
+    finally:
+        dog.close()
+    assert aborted == [4] and not ended, stream.getvalue()
 
 
 def test_watchdog_limit_stretches_with_long_steps():

@@ -65,6 +65,8 @@ _ABORT_GRACE_S = 0.2
 #: that long in a run whose steps last minutes (ResNet-50 on CPUs) is not a hang.
 STEP_SLACK = 4.0
 _STEP_HISTORY = 50
+#: The sentinel's slack: see ``Watchdog(stuck_s=)``.
+STUCK_S = 5.0
 
 
 class PeerState(object):
@@ -108,10 +110,23 @@ class Watchdog(object):
         Where reports go (default ``sys.stderr``).
     abort : callable
         ``abort(status)`` ends the job (default ``comm.abort``).
+    end : callable
+        ``end(status)`` ends this rank without MPI, for the sentinel below
+        (default :func:`~theanompi_ext.collective.abort_alone.end_alone`, after
+        the rank's note).
+    stuck_s : float
+        The sentinel: a second thread, which never calls MPI, ends this rank
+        when a wait has run past its limit + ``reply_s`` + ``stuck_s`` and the
+        watchdog thread has not come round its loop for ``stuck_s``: it is held
+        inside an MPI call of the side channel (measured, MPICH 5.0.2 over TCP:
+        a peer killed while the launcher's host was cut off left the main
+        thread in ``MPI_Allreduce`` holding MPICH's lock and the watchdog's
+        ``Iprobe`` waiting for it, for good). ``MPI_Abort`` would wait for the
+        same lock, hence ``end``.
     """
 
     def __init__(self, comm, timeout_s=30.0, stall_warn_s=10.0, poll_s=0.1, reply_s=2.0,
-                 stream=None, abort=None):
+                 stream=None, abort=None, end=None, stuck_s=STUCK_S):
         self.rank, self.size = comm.rank, comm.size
         self.timeout_s = float(timeout_s or 0)
         self.stall_warn_s = float(stall_warn_s or 0)
@@ -119,6 +134,12 @@ class Watchdog(object):
         self.reply_s = float(reply_s)
         self.stream = stream
         self._abort = abort or comm.abort
+        self._end = end or _end_without_mpi
+        self.stuck_s = float(stuck_s)
+        # the sentinel's clock, and on it the watchdog thread's last round
+        self._sentinel_clock = RunningClock()
+        self._beat = self._sentinel_clock.now()
+        self._reported = False      # the watchdog has reported its timeout (then aborts)
         self.enabled = self.size > 1 and (self.timeout_s > 0 or self.stall_warn_s > 0)
         self.armed = False
         self.step = -1
@@ -147,6 +168,7 @@ class Watchdog(object):
             self._chan = mpi_comm.Dup()
         self._thread = threading.Thread(target=self._run, name='watchdog', daemon=True)
         self._thread.start()
+        threading.Thread(target=self._sentinel, name='watchdog-sentinel', daemon=True).start()
         # Stop polling before mpi4py finalizes MPI at interpreter exit.
         atexit.register(self.close)
 
@@ -213,6 +235,7 @@ class Watchdog(object):
     def _run(self):
         warned_seq, next_warn = None, 0.0
         while not self._stop.wait(self.poll_s):
+            self._beat = self._sentinel_clock.now()
             try:
                 self.clock.tick(self.poll_s)
                 self._serve()
@@ -235,6 +258,35 @@ class Watchdog(object):
             except Exception as exc:  # never let the watchdog die silently
                 self._write('theanompi-ext: rank %d: watchdog error: %s: %s'
                             % (self.rank, type(exc).__name__, exc))
+                return
+
+    def _sentinel(self, every_s=0.5):
+        """End this rank when the watchdog thread is held in MPI past the limit (see
+        ``stuck_s``). Times on a clock of its own, ticked here: a stop of the whole
+        process is no wait, as for the watchdog."""
+        clock, seen = self._sentinel_clock, (None, None)
+        while not self._stop.wait(every_s) and not self._reported:
+            clock.tick(every_s)
+            seq, step, label, _, waiting, _ = self._state
+            if not waiting:
+                seen = (None, None)
+                continue
+            if seen[0] != seq:
+                seen = (seq, clock.now())
+            phase = self._phase
+            limit = phase[0] if phase is not None else self.limit()
+            waited, held = clock.now() - seen[1], clock.now() - self._beat
+            if limit and waited >= limit + self.reply_s + self.stuck_s and held >= self.stuck_s:
+                text = ("theanompi-ext: rank %d of %d (pid %d on %s): no progress for %.1f s in "
+                        "'%s' at step %d; the MPI library itself is stuck (the watchdog's own "
+                        "MPI call has not returned for %.1f s: a peer dead while its launcher "
+                        "cannot tell, or a transport hung); ending this rank without MPI "
+                        "(exit status %d)" % (self.rank, self.size, self.identities[self.rank][0],
+                                              self.identities[self.rank][1], waited, label,
+                                              step, held, EXIT_TIMEOUT))
+                self.reports.append(('stuck', text))
+                self._write(text)
+                self._end(EXIT_TIMEOUT)
                 return
 
     def _warn(self, seq, step, label, waited):
@@ -275,6 +327,7 @@ class Watchdog(object):
                    self._missing_text(seq, answers), EXIT_TIMEOUT))
         self.reports.append(('timeout', text))
         self._write(text)
+        self._reported = True       # the sentinel stands down: abort_alone bounds the abort
         self._serve_for(_ABORT_GRACE_S)
         self._abort(EXIT_TIMEOUT)
         return True
@@ -287,6 +340,7 @@ class Watchdog(object):
         """Keep answering the other ranks' questions for ``seconds``."""
         deadline = self.clock.now() + seconds
         while self.clock.now() < deadline:
+            self._beat = self._sentinel_clock.now()
             self._serve()
             nap = min(self.poll_s, max(deadline - self.clock.now(), 0))
             time.sleep(nap)
@@ -361,6 +415,7 @@ class Watchdog(object):
         answers = {}
         deadline = self.clock.now() + within
         while len(answers) < len(peers) and self.clock.now() < deadline:
+            self._beat = self._sentinel_clock.now()
             self._serve(answers)
             time.sleep(_INQUIRY_POLL_S)
             self.clock.tick(_INQUIRY_POLL_S)
@@ -451,6 +506,12 @@ class _Bounded(object):
             dog._phase = None
             dog.armed = False
         return False
+
+
+def _end_without_mpi(code):
+    from .abort_alone import end_alone, run_before_abort
+    run_before_abort(code)      # the rank's note, for the launcher's message
+    end_alone(code)
 
 
 def _thread_multiple():

@@ -12,10 +12,13 @@ both ranks had ended, nothing left on either host). A rank's own note
 says it has ended without that connection.
 
 :class:`AfterRanks` watches the notes: once every rank's note says it has
-ended (``done``, ``failed`` or ``stopped``) and mpiexec still runs
-:func:`after_ranks_s` seconds later, it stops mpiexec. :func:`message`
+ended (``done``, ``failed`` or ``stopped``), or one says ``failed`` (a rank
+that aborts the job, whose abort mpiexec cannot pass on either: a rank
+killed on one host while the launcher was cut off, measured, left the
+others to their watchdogs and mpiexec waiting), and mpiexec still runs
+:func:`after_ranks_s` seconds later, it stops mpiexec. :meth:`AfterRanks.message`
 then gives the launcher's last line and the job's status, from the notes:
-the ranks' own outcome, not the stop's. It needs every rank's note, so it
+the ranks' own outcome, not the stop's. It needs the ranks' notes, so it
 does nothing where the far hosts cannot write into the launcher's notes
 folder (no shared ``$TMPDIR``; docs/multinode.md).
 """
@@ -64,6 +67,13 @@ def ended(notes, size):
         state != 'running' for _, _, state in notes.values())
 
 
+def settled(notes, size):
+    """True when every rank has ended (:func:`ended`), or a rank has failed: its
+    abort ends the job within a second or two where mpiexec can reach the hosts."""
+    return ended(notes, size) or any(state.startswith('failed')
+                                     for _, _, state in notes.values())
+
+
 def note_status(state):
     """The exit status a rank's note gives: ``done 0`` -> 0, ``failed 3`` -> 3."""
     number = state.partition(' ')[2]
@@ -79,8 +89,8 @@ def _mtime(folder):
 
 class AfterRanks(threading.Thread):
     """Calls ``stop()`` when mpiexec ``proc`` still runs ``wait_s`` seconds after
-    every one of ``size`` ranks noted in ``folder`` that it has ended. ``fired``:
-    it did.
+    every one of ``size`` ranks noted in ``folder`` that it has ended, or one noted
+    that it failed (:func:`settled`). ``fired``: it did.
 
     The notes are read again when the folder changes (a note is written by a
     rename into it), and every ``reread_s`` whatever its time says (two notes
@@ -102,7 +112,7 @@ class AfterRanks(threading.Thread):
                 now, changed = time.monotonic(), _mtime(self.folder)
                 if changed != mtime or now - read_at >= self.reread_s:
                     mtime, read_at = changed, now
-                    if ended(read_rank_notes(self.folder), self.size):
+                    if settled(read_rank_notes(self.folder), self.size):
                         seen = now
             if seen is not None and time.monotonic() - seen > self.wait_s:
                 self.fired = True
@@ -115,10 +125,12 @@ class AfterRanks(threading.Thread):
         as their notes give it (0 when each finished; else the lowest failed
         rank's status), and that mpiexec was stopped."""
         hosts = ', '.join(sorted({host for _, host, _ in notes.values()}))
-        tail = ('mpiexec had not ended %.0f s after every rank had (it lost its connection '
-                'to their hosts, %s?) and was stopped' % (self.wait_s, hosts))
-        of = ' of %d' % self.size
         failed = sorted(r for r, (_, _, state) in notes.items() if note_status(state))
+        tail = ('mpiexec had not ended %.0f s after %s (it lost its connection to their '
+                'hosts, %s?) and was stopped' % (
+                    self.wait_s, 'every rank had' if ended(notes, self.size) else
+                    'rank %d failed' % failed[0], hosts))
+        of = ' of %d' % self.size
         if not failed:
             return ('theanompi-ext: every rank finished training; %s (exit status %d)'
                     % (tail, EXIT_OK)), EXIT_OK
@@ -129,5 +141,7 @@ class AfterRanks(threading.Thread):
                     'job can be resumed; %s (exit status %d)' % (len(notes), tail, status)), \
                 status
         pid, host = notes[failed[0]][:2]
-        return ('theanompi-ext: rank %d%s (pid %d on %s) ended the job (exit status %d); its '
-                'own line above says why; %s' % (failed[0], of, pid, host, status, tail)), status
+        # its own line went the way mpiexec's word did: it may not have arrived
+        return ('theanompi-ext: rank %d%s (pid %d on %s) ended the job (exit status %d); %s; '
+                'its own line, if it is not above, was lost with that connection'
+                % (failed[0], of, pid, host, status, tail)), status
