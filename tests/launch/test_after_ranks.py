@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from support.procs import alive
 from theanompi_ext.errors import BadInput
 from theanompi_ext.launch.after_ranks import (AFTER_RANKS_S, AFTER_RANKS_VAR,
                                               FINALIZE_MARGIN_S, AfterRanks, after_ranks_s,
@@ -152,19 +153,11 @@ RANK = ('import os, time\nfrom theanompi_ext.collective.abort_alone import watch
         'time.sleep(%g)\n')
 
 
-def _alive(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
-    except OSError:
-        return False
-
-
 def _gone_soon(pid, within=2.0):
     deadline = time.monotonic() + within
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def test_a_finished_rank_stuck_in_finalize_ends_with_its_daemon():
@@ -177,7 +170,7 @@ def test_a_finished_rank_stuck_in_finalize_ends_with_its_daemon():
     assert res.returncode == -9, res
     assert time.monotonic() - t0 < 10
     watcher, rank = res.stdout.split()[:2]
-    assert not _alive(int(rank)) and _gone_soon(int(watcher))
+    assert not alive(int(rank)) and _gone_soon(int(watcher))
 
 
 def test_a_rank_that_ends_leaves_its_daemon_alone():
