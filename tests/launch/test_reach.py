@@ -226,3 +226,44 @@ def test_open_mpis_report_of_a_lost_peer_on_another_host():
                                    2: (13400, 'tmxh1', 'running')}, 3)
     assert (msg, status) == ('theanompi-ext: rank 1 of 3 (pid 13394 on tmxh0) ended the job '
                              '(exit status 3); its own line above says why', 3)
+
+
+OPENMPI_TIMEOUT_RACE = b"""[tmxh0:00000] *** An error occurred in Socket closed
+[tmxh0:00000] *** reported by process [3719626753,0]
+[tmxh0:00000] *** on a NULL communicator
+[tmxh0:00000] *** Unknown error
+[tmxh0:00000] *** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,
+[tmxh0:00000] ***    and MPI will try to terminate your MPI job as well)
+--------------------------------------------------------------------------
+prterun has exited due to process rank 0 with PID 0 on node tmxh0 calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+--------------------------------------------------------------------------
+"""
+
+
+def test_a_ranks_own_timeout_wins_over_the_socket_it_closed():
+    # captured in CI (Open MPI 5.0.11, 2 emulated hosts x 1 rank, a crawling link):
+    # rank 1 on tmxh1 timed out (its note: failed 4) and ended; rank 0 on tmxh0 saw
+    # the socket close first, Open MPI's handler aborted it, and prterun named rank 0.
+    # The timeout is the story and its status the job's, not "rank 1 died" (exit 3)
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.train.restarts import classify
+    rep = LauncherReport()
+    for line in OPENMPI_TIMEOUT_RACE.splitlines(True):
+        rep.feed(line)
+    assert rep.peer_lost == (None, 'tmxh0') and rep.aborted[:2] == (0, 'tmxh0')
+    notes = {0: (21025, 'tmxh0', 'running'), 1: (21026, 'tmxh1', 'failed 4')}
+    msg, status = explain(14, rep, notes, 2)
+    assert (msg, status) == ('theanompi-ext: rank 1 of 2 (pid 21026 on tmxh1) ended the job '
+                             '(exit status 4); its own line above says why', 4)
+    assert classify(status, msg) == classify(4, '')
+    # two ranks noted their own errors: both named, the first one's status the job's
+    notes = {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh1', 'failed 3'),
+             2: (3, 'tmxh1', 'failed 4')}
+    msg, status = explain(14, rep, notes, 3)
+    assert status == 3 and msg.startswith('theanompi-ext: ranks 1, 2 of 3 (on tmxh1) ended')
+    # no rank noted an error of its own: the lost peer is still the story
+    notes = {0: (21025, 'tmxh0', 'running'), 1: (21026, 'tmxh1', 'running')}
+    msg, status = explain(14, rep, notes, 2)
+    assert status == 3 and msg.startswith('theanompi-ext: rank 1 of 2 (pid 21026 on tmxh1) died')

@@ -25,7 +25,7 @@ import time
 from .. import output_faults, stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE,
                       EXIT_TIMED_OUT, EXIT_TIMEOUT)
-from .after_ranks import AfterRanks, after_ranks_s
+from .after_ranks import AfterRanks, after_ranks_s, note_status
 from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
 from .job_control import JobControl
@@ -135,13 +135,19 @@ def _failed_itself(report, notes):
         report.aborted[0], (0, '', ''))[2].startswith('failed')
 
 
-def _ended_by_ranks(status, report, notes, of):
+def _failed_notes(notes):
+    """The ranks whose notes say ``failed N``, in order."""
+    return sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
+
+
+def _ended_by_ranks(status, report, notes, of, failed=None):
     """The launcher's line for a job that its own ranks ended (a rank's error or
-    watchdog message above says why): the aborting rank (``report.aborted``),
-    else the ranks whose notes say ``failed``, with their hosts; the job's
-    status whatever mpiexec's words, so that the last line is always ours."""
-    failed = [report.aborted[0]] if report.aborted is not None else sorted(
-        r for r, (_, _, state) in notes.items() if state.startswith('failed'))
+    watchdog message above says why): ``failed`` when given, else the aborting
+    rank (``report.aborted``), else the ranks whose notes say ``failed``, with
+    their hosts; the job's status whatever mpiexec's words, so that the last
+    line is always ours."""
+    if failed is None:
+        failed = [report.aborted[0]] if report.aborted is not None else _failed_notes(notes)
     if not failed:
         return ('theanompi-ext: the job ended with exit status %d; the ranks\' lines above '
                 'say why' % status)
@@ -181,7 +187,15 @@ def explain(status, report, notes, size=None, first_exit=None):
                 'can be resumed (exit status %d)' % (len(notes), status)), status
     if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT and \
             not _failed_itself(report, notes):
-        return _peer_lost(report.peer_lost, notes, of)
+        failed = _failed_notes(notes)
+        if not failed:
+            return _peer_lost(report.peer_lost, notes, of)
+        # a rank noted its own error (its watchdog's timeout, an exception) and
+        # aborted; a peer saw its socket close first and Open MPI's handler aborted
+        # that peer, whom prterun names (measured: 1 run in 3 of a crawling link).
+        # The closed connection is the noted error's effect: that error is the story
+        status = note_status(notes[failed[0]][2]) or status
+        return _ended_by_ranks(status, report, notes, of, failed), status
     if report.pid is None:
         return _ended_by_ranks(status, report, notes, of), status
     pid, host = report.pid, report.host
