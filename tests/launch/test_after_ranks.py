@@ -18,7 +18,7 @@ from theanompi_ext.launch.after_ranks import (AFTER_RANKS_S, AFTER_RANKS_VAR,
                                               FINALIZE_MARGIN_S, AfterRanks, after_ranks_s,
                                               ended, finalize_alone_s,
                                               settled)
-from theanompi_ext.launch.rank_notes import write_rank_note
+from theanompi_ext.launch.rank_notes import read_rank_notes, write_rank_note
 
 
 def test_the_wait_and_bad_values():
@@ -94,9 +94,9 @@ def test_nothing_is_stopped_while_a_rank_runs(tmp_path):
     assert not watch.is_alive() and not watch.fired and not stops
 
 
-def _message(notes, size=2):
+def _message(notes, size=2, times=None):
     watch = AfterRanks(None, '', size, None, wait_s=20)
-    return watch.message(notes)
+    return watch.message(notes, times)
 
 
 def test_the_launchers_line_says_what_the_ranks_did():
@@ -120,6 +120,51 @@ def test_the_launchers_line_says_what_the_ranks_did():
     assert status == 75
     assert text.startswith('theanompi-ext: all 2 ranks stopped after the checkpoint, as asked: '
                            'the job can be resumed; mpiexec had not ended'), text
+
+
+def test_a_rank_that_died_without_a_word():
+    """A keeper's ``died`` (launch/rank_keeper.py) settles the job like a failure; the
+    first rank to end badly, by its note's time, is the one named."""
+    assert settled({0: (1, 'a', 'running'), 1: (2, 'b', 'died')}, 2)
+    assert ended({0: (1, 'a', 'died'), 1: (2, 'b', 'died')}, 2)
+    text, status = _message({0: (11, 'a', 'running'), 1: (12, 'b', 'died')})
+    assert status == 3
+    assert text == ("theanompi-ext: rank 1 of 2 (pid 12 on b) died: it ended without finishing "
+                    "training and without a word (killed, or ended by MPI's own error handler; "
+                    "its keeper on b noted it); mpiexec had not ended 20 s after rank 1 died (it "
+                    "lost its connection to their hosts, a, b?) and was stopped (exit status 3)")
+    # Open MPI: rank 1 killed, rank 0 then ended by the error handler: both died, the
+    # first is named (and the restart supervisor restarts it, blaming that host)
+    from theanompi_ext.train.restarts import classify, culprit
+    both = {0: (11, 'a', 'died'), 1: (12, 'b', 'died')}
+    text, status = _message(both, times={0: 2000, 1: 1000})
+    assert status == 3 and text.startswith('theanompi-ext: rank 1 of 2 (pid 12 on b) died: ')
+    assert 'after every rank had' in text
+    assert classify(status, text).restartable and culprit(text) == (1, 'b')
+    text, _ = _message(both, times={0: 1000, 1: 2000})
+    assert text.startswith('theanompi-ext: rank 0 of 2 (pid 11 on a) died: ')
+    # a rank's own failure noted first, a death after it (its abort's effect): the failure
+    text, status = _message({0: (11, 'a', 'died'), 1: (12, 'b', 'failed 4')},
+                            times={0: 2000, 1: 1000})
+    assert status == 4 and 'rank 1 of 2 (pid 12 on b) ended the job (exit status 4)' in text
+    # and the other way round: the death first, a watchdog's timeout after it
+    text, status = _message({0: (11, 'a', 'failed 4'), 1: (12, 'b', 'died')},
+                            times={0: 2000, 1: 1000})
+    assert status == 3 and 'rank 1 of 2 (pid 12 on b) died' in text
+
+
+def test_the_order_is_the_notes_order(tmp_path):
+    """Without ``times``, the notes' own times in the folder give the order."""
+    folder = str(tmp_path)
+    write_rank_note(folder, 1, 'died')
+    time.sleep(0.05)
+    write_rank_note(folder, 0, 'died')
+    watch = AfterRanks(None, folder, 2, None, wait_s=20)
+    text, _ = watch.message(read_rank_notes(folder))
+    assert text.startswith('theanompi-ext: rank 1 of 2 (pid %d on ' % os.getpid()), text
+    os.utime(os.path.join(folder, 'rank0'), ns=(1, 1))      # rank 0's note the older
+    text, _ = watch.message(read_rank_notes(folder))
+    assert text.startswith('theanompi-ext: rank 0 of 2 '), text
 
 
 def test_the_launcher_refuses_a_bad_wait_before_it_starts_anything():
@@ -170,7 +215,8 @@ def test_a_finished_rank_stuck_in_finalize_ends_with_its_daemon():
     assert res.returncode == -9, res
     assert time.monotonic() - t0 < 10
     watcher, rank = res.stdout.split()[:2]
-    assert not alive(int(rank)) and _gone_soon(int(watcher))
+    # a SIGKILL is delivered, not waited for: the rank may take a moment to go
+    assert _gone_soon(int(rank)) and _gone_soon(int(watcher))
 
 
 def test_a_rank_that_ends_leaves_its_daemon_alone():

@@ -314,15 +314,15 @@ def test_launcher_cut_off_while_the_ranks_train_on(eh, tmp_path):
 
 
 def test_rank_killed_while_the_launcher_is_cut_off(eh, tmp_path):
-    """The launcher cut off, then the far rank SIGKILLed: nobody passes its death on.
-    The near rank's collective never ends; its MPI holds the lock its watchdog's
-    side channel needs (MPICH), so the watchdog's sentinel ends it without MPI
-    (status 4, its note ``failed 4``), and the launcher stops mpiexec 5 s later:
-    status 4 naming rank 0 on tmxh0, nothing left on any host, the last checkpoint
-    whole. MPICH only: Open MPI's own error handler ends the near rank (not our
-    note), and its daemons wait for the launcher (below, docs/faults.md)."""
-    if eh.openmpi:
-        pytest.skip('MPICH only (Open MPI: see the docstring and docs/faults.md)')
+    """The launcher cut off, then the far rank SIGKILLed: mpiexec cannot hear of it.
+    The rank's keeper on tmxh1 (launch/rank_keeper.py) notes it ``died``, and the
+    launcher stops mpiexec 5 s later: status 3 naming rank 1 on tmxh1, as the restart
+    supervisor reads it. The near rank's collective never ends: under MPICH its
+    watchdog's sentinel ends it without MPI (its MPI holds the lock the watchdog's
+    side channel needs), under Open MPI the error handler does (its keeper notes
+    that too, later); the keepers end the daemons left waiting for the launcher.
+    Nothing is left on any host, and the last checkpoint is whole."""
+    from theanompi_ext.train.restarts import classify, culprit
     job = Job(eh, str(tmp_path), env={AFTER_RANKS_VAR: '5'})
     job.training()
     eh.cut_hub()
@@ -336,11 +336,14 @@ def test_rank_killed_while_the_launcher_is_cut_off(eh, tmp_path):
     print('\nthe launcher cut off, the far rank SIGKILLed -> launcher exit %.2f s, every host '
           'clear %.2f s' % (t_exit, t_gone))
     text = job.text()
-    assert rc == 4, text[-3000:]
-    assert re.match(r'theanompi-ext: rank 0 of 2 \(pid \d+ on tmxh0\) ended the job \(exit '
-                    r'status 4\); mpiexec had not ended 5 s after rank 0 failed',
-                    text.strip().splitlines()[-1]), text[-3000:]
-    assert t_gone < TIMEOUT_S + 2 + 5 + 1 + 5 + 10      # limit, reply, stuck, poll, wait
+    last = text.strip().splitlines()[-1]
+    assert rc == 3, text[-3000:]
+    assert re.match(r'theanompi-ext: rank 1 of 2 \(pid \d+ on tmxh1\) died: it ended without '
+                    r'finishing training and without a word .*; mpiexec had not ended 5 s after '
+                    r'(rank 1 died|every rank had)', last), text[-3000:]
+    assert classify(rc, last).restartable and culprit(last) == (1, 'tmxh1')
+    assert t_exit < 5 + 1 + 2 + 2.5 + 3   # the wait, a poll, the stop, the pipes' join, load
+    assert t_gone < TIMEOUT_S + 2 + 5 + 1 + 5 + 10     # limit, reply, stuck, poll, wait
     whole_checkpoint(job)
 
 

@@ -258,12 +258,25 @@ def test_a_ranks_own_timeout_wins_over_the_socket_it_closed():
     assert (msg, status) == ('theanompi-ext: rank 1 of 2 (pid 21026 on tmxh1) ended the job '
                              '(exit status 4); its own line above says why', 4)
     assert classify(status, msg) == classify(4, '')
+    # mpiexec reported success (it lost the far host, and was stopped as if every rank
+    # had ended): a rank that died without a word is still a vanished rank
+    msg, status = explain(0, LauncherReport(), {0: (1, 'tmxh0', 'done 0'),
+                                                1: (2, 'tmxh1', 'died')}, 2)
+    assert status == 3 and msg.startswith('theanompi-ext: rank 1 (pid 2 on tmxh1) of 2 ended '
+                                          'without finishing training'), msg
+    # with keepers (launch/rank_keeper.py), rank 0's note says died: the same story
+    notes[0] = (21025, 'tmxh0', 'died')
+    assert explain(14, rep, notes, 2)[1] == 4
     # two ranks noted their own errors: both named, the first one's status the job's
     notes = {0: (1, 'tmxh0', 'running'), 1: (2, 'tmxh1', 'failed 3'),
              2: (3, 'tmxh1', 'failed 4')}
     msg, status = explain(14, rep, notes, 3)
     assert status == 3 and msg.startswith('theanompi-ext: ranks 1, 2 of 3 (on tmxh1) ended')
-    # no rank noted an error of its own: the lost peer is still the story
-    notes = {0: (21025, 'tmxh0', 'running'), 1: (21026, 'tmxh1', 'running')}
-    msg, status = explain(14, rep, notes, 2)
-    assert status == 3 and msg.startswith('theanompi-ext: rank 1 of 2 (pid 21026 on tmxh1) died')
+    # no rank noted an error of its own: the lost peer is still the story, whether
+    # the notes say running or (their keepers') died
+    for state in ('running', 'died'):
+        notes = {0: (21025, 'tmxh0', state), 1: (21026, 'tmxh1', state)}
+        msg, status = explain(14, rep, notes, 2)
+        assert status == 3 and msg.startswith(
+            'theanompi-ext: rank 1 of 2 (pid 21026 on tmxh1) died: a rank on tmxh0 saw its '
+            'connection closed'), msg

@@ -92,13 +92,20 @@ def _watch(alone_s, pids):
         return None
 
 
+def daemon_parent():
+    """The PID of this rank's parent when it is an MPI launcher's daemon on this
+    host (:data:`MPI_DAEMONS`), else None."""
+    ppid = os.getppid()
+    return ppid if _parent_name(ppid) in MPI_DAEMONS else None
+
+
 def watch_daemon(alone_s=ABORT_ALONE_S):
     """If this rank's parent is an MPI daemon, start a process (a session of its
     own, no file of ours open) that SIGKILLs it if it is still alive ``alone_s``
     seconds from now and otherwise ends as soon as it has gone; returns that
     process, or None."""
-    ppid = os.getppid()
-    if _parent_name(ppid) not in MPI_DAEMONS:
+    ppid = daemon_parent()
+    if ppid is None:
         return None
     return _watch(alone_s, [ppid])   # None: the timer of abort() still covers a wait
 
@@ -108,8 +115,8 @@ def watch_finalize(alone_s):
     parent is an MPI daemon, start a process that SIGKILLs this rank and then the
     daemon if either is still alive ``alone_s`` seconds from now, and otherwise
     ends when both have gone; returns that process, or None."""
-    ppid = os.getppid()
-    if _parent_name(ppid) not in MPI_DAEMONS:
+    ppid = daemon_parent()
+    if ppid is None:
         return None
     return _watch(alone_s, [os.getpid(), ppid])
 

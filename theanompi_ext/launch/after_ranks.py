@@ -12,10 +12,12 @@ both ranks had ended, nothing left on either host). A rank's own note
 says it has ended without that connection.
 
 :class:`AfterRanks` watches the notes: once every rank's note says it has
-ended (``done``, ``failed`` or ``stopped``), or one says ``failed`` (a rank
-that aborts the job, whose abort mpiexec cannot pass on either: a rank
-killed on one host while the launcher was cut off, measured, left the
-others to their watchdogs and mpiexec waiting), and mpiexec still runs
+ended (``done``, ``failed``, ``stopped`` or ``died``), or one says ``failed``
+(a rank that aborts the job, whose abort mpiexec cannot pass on either: a
+rank killed on one host while the launcher was cut off, measured, left the
+others to their watchdogs and mpiexec waiting) or ``died`` (its keeper's
+word for a rank gone without one of its own, :mod:`.rank_keeper`), and
+mpiexec still runs
 :func:`after_ranks_s` seconds later, it stops mpiexec. :meth:`AfterRanks.message`
 then gives the launcher's last line and the job's status, from the notes:
 the ranks' own outcome, not the stop's. It needs the ranks' notes, so it
@@ -26,9 +28,9 @@ import os
 import threading
 import time
 
-from ..errors import EXIT_OK, EXIT_RESUMABLE
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE
 from .env_seconds import seconds_from_env
-from .rank_notes import read_rank_notes
+from .rank_notes import DIED, note_times, read_rank_notes
 
 #: Seconds mpiexec gets to end after every rank's note says it has ended: far
 #: more than hydra's or Open MPI's teardown takes (under a second, measured),
@@ -68,9 +70,11 @@ def ended(notes, size):
 
 
 def settled(notes, size):
-    """True when every rank has ended (:func:`ended`), or a rank has failed: its
-    abort ends the job within a second or two where mpiexec can reach the hosts."""
-    return ended(notes, size) or any(state.startswith('failed')
+    """True when every rank has ended (:func:`ended`), or a rank has failed (its
+    abort ends the job within a second or two where mpiexec can reach the hosts)
+    or died (its keeper's note, :mod:`.rank_keeper`: mpiexec ends the job as
+    soon, where it hears of it)."""
+    return ended(notes, size) or any(state.startswith('failed') or state == DIED
                                      for _, _, state in notes.values())
 
 
@@ -120,27 +124,39 @@ class AfterRanks(threading.Thread):
                 return
             time.sleep(self.interval)
 
-    def message(self, notes):
+    def message(self, notes, times=None):
         """(the launcher's line, exit status) once it has fired: the ranks' outcome
-        as their notes give it (0 when each finished; else the lowest failed
-        rank's status), and that mpiexec was stopped."""
+        as their notes give it, and that mpiexec was stopped. 0 when each finished;
+        else the first rank to end badly (``times``: :func:`~.rank_notes.note_times`,
+        read from the folder by default; the lowest rank among equals) is named,
+        with its own status, or 3 for a rank that died without a word (its
+        keeper's note: it was killed, or ended by MPI's error handler)."""
+        times = note_times(self.folder) if times is None else times
         hosts = ', '.join(sorted({host for _, host, _ in notes.values()}))
-        failed = sorted(r for r, (_, _, state) in notes.items() if note_status(state))
+        failed = sorted((r for r, (_, _, state) in notes.items()
+                         if note_status(state) or state == DIED),
+                        key=lambda r: (times.get(r, float('inf')), r))
         tail = ('mpiexec had not ended %.0f s after %s (it lost its connection to their '
                 'hosts, %s?) and was stopped' % (
                     self.wait_s, 'every rank had' if ended(notes, self.size) else
-                    'rank %d failed' % failed[0], hosts))
+                    'rank %d %s' % (failed[0], notes[failed[0]][2].partition(' ')[0]),
+                    hosts))
         of = ' of %d' % self.size
         if not failed:
             return ('theanompi-ext: every rank finished training; %s (exit status %d)'
                     % (tail, EXIT_OK)), EXIT_OK
+        pid, host, state = notes[failed[0]]
+        if state == DIED:
+            return ('theanompi-ext: rank %d%s (pid %d on %s) died: it ended without finishing '
+                    'training and without a word (killed, or ended by MPI\'s own error '
+                    'handler; its keeper on %s noted it); %s (exit status %d)'
+                    % (failed[0], of, pid, host, host, tail, EXIT_FAILED)), EXIT_FAILED
         states = {notes[r][2].partition(' ')[0] for r in failed}
-        status = note_status(notes[failed[0]][2])
+        status = note_status(state)
         if states == {'stopped'} and status == EXIT_RESUMABLE:
             return ('theanompi-ext: all %d ranks stopped after the checkpoint, as asked: the '
                     'job can be resumed; %s (exit status %d)' % (len(notes), tail, status)), \
                 status
-        pid, host = notes[failed[0]][:2]
         # its own line went the way mpiexec's word did: it may not have arrived
         return ('theanompi-ext: rank %d%s (pid %d on %s) ended the job (exit status %d); %s; '
                 'its own line, if it is not above, was lost with that connection'

@@ -9,7 +9,8 @@ each rank leaves (:mod:`theanompi_ext.launch.rank_notes`). It also catches
 the one silent case measured: a rank that exits with status 0 in the middle
 of training (``os._exit(0)`` in some library) makes hydra end the job with
 status 0 most of the time (Open MPI with status 1 and a long text); a rank
-whose note still says ``running`` turns that into status 3.
+whose note still says ``running`` (or ``died``, its keeper's word on another
+host: :mod:`.rank_keeper`) turns that into status 3.
 """
 import faulthandler
 import os
@@ -31,7 +32,8 @@ from .exit_noise import EndingFilter
 from .job_control import JobControl
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
-from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
+from .rank_keeper import LAUNCHER_HOST_VAR
+from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes, unfinished
 from .reach import LaunchWatch, explain_launch, not_started, proxy_program
 from .start_watch import StartWatch, not_started_message
 
@@ -113,7 +115,7 @@ def _peer_lost(lost, notes, of):
     than ``lost[1]``) whose connection closed under a rank on ``lost[1]`` (Open
     MPI: the latter aborted, and is all it names)."""
     host, seen_from = lost
-    gone = sorted(r for r, (_, h, state) in notes.items() if state == 'running' and (
+    gone = sorted(r for r, (_, h, state) in notes.items() if unfinished(state) and (
         h == host if host else h != seen_from))
     if len(gone) == 1:
         who = 'rank %d%s (pid %d on %s)' % (gone[0], of, notes[gone[0]][0], notes[gone[0]][1])
@@ -130,7 +132,8 @@ def _peer_lost(lost, notes, of):
 def _failed_itself(report, notes):
     """The rank MPI names as aborting noted its own error (``failed N``): its abort,
     not a lost connection, ended the job (its peers' sockets closed after it). A rank
-    that lost a peer is aborted by MPI's error handler, its note still ``running``."""
+    that lost a peer is aborted by MPI's error handler, its note still ``running``
+    (``died``: :mod:`.rank_keeper`)."""
     return report.aborted is not None and notes.get(
         report.aborted[0], (0, '', ''))[2].startswith('failed')
 
@@ -174,7 +177,7 @@ def explain(status, report, notes, size=None, first_exit=None):
     """
     of = ' of %d' % size if size else ''
     if status == 0:
-        vanished = sorted(r for r, (_, _, state) in notes.items() if state == 'running')
+        vanished = sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
         if not vanished:
             return None, EXIT_OK
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
@@ -207,14 +210,14 @@ def explain(status, report, notes, size=None, first_exit=None):
         # training is the silent case above, told the same way
         if rank is None:
             return _ended_by_ranks(status, report, notes, of), status
-        if notes.get(rank, (0, '', 'running'))[2] != 'running':
+        if not unfinished(notes.get(rank, (0, '', 'running'))[2]):
             return ('theanompi-ext: rank %d%s (pid %d on %s) exited without finalizing MPI '
                     'after it had finished training; mpiexec ended the job (exit status %d)'
                     % (rank, of, pid, host, status)), status
         return _unfinished('rank %d (pid %d on %s)' % (rank, pid, host), of,
                            '(it exited without finalizing MPI; mpiexec status %d)' % status)
     if first_exit is not None and first_exit != rank and \
-            notes.get(first_exit, (0, '', ''))[2] == 'running':
+            unfinished(notes.get(first_exit, (0, '', ''))[2]):
         rank = first_exit
         pid, host = notes[rank][0], notes[rank][1]
     if report.signal and status == EXIT_SIGNAL_BASE + report.signal:
@@ -293,13 +296,24 @@ def _interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
-def _join_unless_closed(thread, closed):
+def _join_unless_closed(thread, closed, given_up=None):
     """Wait for a stream ``thread`` (:func:`join_awake`); once ``closed`` (an Event
     its copy set: our own output's reader has gone) is set, stop the job as the
-    SIGPIPE that Python ignores would have: :class:`Stopped`, bounded."""
+    SIGPIPE that Python ignores would have: :class:`Stopped`, bounded.
+
+    ``given_up``: a callable, true once mpiexec was stopped because it could not
+    reach its hosts and has exited; the wait then ends :data:`STOP_JOIN_S` later
+    (a writer on such a host, an MPI daemon that holds the pipe while it waits
+    for the launcher, ends by its own bound: measured, Open MPI's ``prted`` on
+    emulated hosts kept the launcher 9 s more)."""
+    deadline = None
     while not join_awake(thread, WAKE_S):
         if closed.is_set():
             _stopped(signal.SIGPIPE, None)
+        if deadline is None and given_up is not None and given_up():
+            deadline = time.monotonic() + STOP_JOIN_S
+        if deadline is not None and time.monotonic() > deadline:
+            return
 
 
 def _catch_stop_signals():
@@ -554,6 +568,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     folder = make_ranks_folder()
     env = dict(env or child_env())
     env[RANKS_DIR_VAR] = folder
+    env[LAUNCHER_HOST_VAR] = socket.gethostname()     # ranks elsewhere start keepers
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
     gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
@@ -596,9 +611,12 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         out_thread = _passing(proc.stdout, out, gate, out_report, launch, shown, 'stdout',
                               closed)
         watch.start()
-        _join_unless_closed(out_thread, closed)
+
+        def given_up():         # mpiexec stopped, its far hosts out of reach (above)
+            return (after_ranks.fired or after_abort.fired) and proc.poll() is not None
+        _join_unless_closed(out_thread, closed, given_up)
         status = wait_awake(proc)
-        _join_unless_closed(err_thread, closed)
+        _join_unless_closed(err_thread, closed, given_up)
         watch.stop()
         start_watch.finish()
         time_limit.finish()

@@ -3,8 +3,10 @@
 
 When ``THEANOMPI_EXT_RANKS_DIR`` is set (``theanompi-ext train`` sets it when it
 starts mpiexec), every rank writes ``rank<R>`` there: ``<pid> <host> <state>``
-with state ``running``, ``done 0`` or ``failed N``. The launcher maps the PID
-that mpiexec reports for a killed process back to its rank, and notices ranks
+with state ``running``, ``done 0``, ``failed N`` or ``stopped N``; or ``died``,
+written by the rank's keeper (:mod:`.rank_keeper`) when the rank has gone
+while its note still said ``running``. The launcher maps the PID that
+mpiexec reports for a killed process back to its rank, and notices ranks
 that vanished without finishing.
 
 The folder is ``$TMPDIR/theanompi-ext-ranks-<launcher pid>-<random suffix>``
@@ -21,6 +23,8 @@ import tempfile
 from ..files.stale import entries_of_dead_pids
 
 RANKS_DIR_VAR = 'THEANOMPI_EXT_RANKS_DIR'
+#: The state a rank's keeper notes for a rank gone without a note of its own.
+DIED = 'died'
 RANKS_PREFIX = 'theanompi-ext-ranks-'
 _STALE = re.compile('^' + re.escape(RANKS_PREFIX) + r'(\d+)-')
 
@@ -64,20 +68,42 @@ def write_rank_note(folder, rank, state):
         pass   # notes only improve messages; never fail a run over them
 
 
-def read_rank_notes(folder):
-    """``{rank: (pid, host, state)}`` from the notes in ``folder``."""
-    notes = {}
+def _notes_in(folder):
+    """``(rank, path)`` of each note in ``folder`` (none when it cannot be listed)."""
     try:
         names = os.listdir(folder)
     except OSError:
-        return notes
-    for name in names:
-        if not (name.startswith('rank') and name[4:].isdigit()):
-            continue
+        return []
+    return [(int(name[4:]), os.path.join(folder, name)) for name in names
+            if name.startswith('rank') and name[4:].isdigit()]
+
+
+def read_rank_notes(folder):
+    """``{rank: (pid, host, state)}`` from the notes in ``folder``."""
+    notes = {}
+    for rank, path in _notes_in(folder):
         try:
-            with open(os.path.join(folder, name)) as f:
+            with open(path) as f:
                 pid, host, state = f.read().strip().split(' ', 2)
-            notes[int(name[4:])] = (int(pid), host, state)
+            notes[rank] = (int(pid), host, state)
         except (OSError, ValueError):
             continue
     return notes
+
+
+def unfinished(state):
+    """True for a rank that did not end by itself: still ``running``, or
+    ``died`` (gone without a word, as its keeper saw)."""
+    return state in ('running', DIED)
+
+
+def note_times(folder):
+    """``{rank: when its note was last written}`` (ns since the epoch) for the notes
+    in ``folder``: the order in which the ranks ended, where each has."""
+    times = {}
+    for rank, path in _notes_in(folder):
+        try:
+            times[rank] = os.stat(path).st_mtime_ns
+        except OSError:
+            continue
+    return times

@@ -41,6 +41,22 @@ def note_rank(state, rank=None):
     before_abort(_AbortNote(folder, rank))
 
 
+def keep_rank(comm):
+    """On a host other than the launcher's, start this rank's keeper, which notes
+    ``died`` if the rank goes without a note of its own and ends its MPI daemon
+    if that is left waiting (:mod:`theanompi_ext.launch.rank_keeper`): a death
+    that mpiexec, cut off from this host, cannot pass on. No-op without notes,
+    for one rank, or on the launcher's host."""
+    folder = os.environ.get(RANKS_DIR_VAR)
+    if not folder or comm.size == 1:
+        return None
+    from ..launch.after_ranks import finalize_alone_s
+    from ..launch.rank_keeper import far_from_launcher, start_keeper
+    if not far_from_launcher():
+        return None
+    return start_keeper(folder, comm.rank, finalize_alone_s())
+
+
 class _AbortNote(object):
     """``failed N`` in rank ``rank``'s note when it aborts with N (equal per rank and
     folder, so that it is registered once)."""

@@ -188,6 +188,7 @@ def guarded(fn):
     faults.stop_with_parent()
     comm = faults.prepare_agreement()
     faults.note_rank('running')
+    faults.keep_rank(comm)
     try:
         faults.check_same_software(comm)     # the job's first exchange: every rank alike
         fn()
