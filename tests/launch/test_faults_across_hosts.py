@@ -208,6 +208,22 @@ def test_far_ranks_stopped(eh, tmp_path):
     whole_checkpoint(job)
 
 
+def _cut_until_the_end(eh, job, host, then=None):
+    """Cut ``host``'s link (and call ``then()``), wait for the job's end and for every
+    host to clear, then restore the link: (status, seconds to the launcher's exit,
+    seconds until no process is left), both from the cut."""
+    t0 = time.monotonic()
+    eh.cut(host)
+    try:
+        if then is not None:
+            then()
+        rc, _ = job.end()
+        t_exit = time.monotonic() - t0
+        return rc, t_exit, everything_gone(eh, t0)
+    finally:
+        eh.restore(host)
+
+
 def test_link_cut_longer_than_the_timeout(eh, tmp_path):
     """tmxh1's link down, and kept down until every process of both hosts has
     ended: the ranks of each side time out (exit 4) naming the rank across the cut
@@ -215,14 +231,7 @@ def test_link_cut_longer_than_the_timeout(eh, tmp_path):
     MPI: its prted is ended by the rank's abort watcher, collective/abort_alone.py)."""
     job = Job(eh, str(tmp_path))
     job.training()
-    t0 = time.monotonic()
-    eh.cut('tmxh1')
-    try:
-        rc, _ = job.end()
-        t_exit = time.monotonic() - t0
-        t_gone = everything_gone(eh, t0)
-    finally:
-        eh.restore('tmxh1')
+    rc, t_exit, t_gone = _cut_until_the_end(eh, job, 'tmxh1')
     print('\nlink of tmxh1 cut -> launcher exit %.2f s, every host clear %.2f s while it is '
           'still cut (collective_timeout_s=%d)' % (t_exit, t_gone, TIMEOUT_S))
     text = job.text()
@@ -236,6 +245,45 @@ def test_link_cut_longer_than_the_timeout(eh, tmp_path):
                         r'mpiexec had not ended', last), text[-3000:]
     # the far side: its own watchdog, then MPI_Abort's ABORT_ALONE_S; 5 s of slack (load)
     assert t_gone < TIMEOUT_S + 2.3 + 2 + ABORT_ALONE_S + 5
+    whole_checkpoint(job)
+
+
+def test_far_host_lost(eh, tmp_path):
+    """tmxh1 lost at once: its link down and every process on it (the rank, its MPI
+    daemon, its keeper) SIGKILLed together; nobody on tmxh1 is left to note
+    anything. MPICH: the near rank's watchdog times out (exit 4) naming rank 1 on
+    tmxh1. Open MPI: the emulated host's daemon is prterun's own child (the agent
+    execs it), so prterun sees it end, as it would see an ssh connection to the
+    host end, ends the job and exits 0; the launcher says that the daemon on tmxh1
+    ended during the run, status 3. Either way the launcher ends within the
+    watchdog's bound, nothing is left on either host, the last checkpoint whole."""
+    def kill_every_process():
+        for pid in ns_pids(eh.namespace('tmxh1')):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    job = Job(eh, str(tmp_path))
+    job.training()
+    rc, t_exit, t_gone = _cut_until_the_end(eh, job, 'tmxh1', kill_every_process)
+    print('\ntmxh1 lost (its link cut, its processes SIGKILLed) -> launcher exit %.2f s, every '
+          'host clear %.2f s (collective_timeout_s=%d)' % (t_exit, t_gone, TIMEOUT_S))
+    text = job.text()
+    last = text.replace('\0', '').strip().splitlines()[-1]
+    if eh.openmpi:
+        assert rc == 3, text[-3000:]
+        assert re.match(r"theanompi-ext: host tmxh1: Open MPI's daemon \(prted\) ended during "
+                        r"the run .*; rank 0 \(pid \d+ on tmxh0\), rank 1 \(pid \d+ on tmxh1\) "
+                        r"of 2 ended without finishing training", last), text[-3000:]
+    else:
+        assert rc == 4, text[-3000:]
+        assert re.search(r'not arrived: rank 1 \(pid \d+ on tmxh1\) no answer', text), \
+            text[-3000:]
+        assert re.match(r'theanompi-ext: rank 0 of 2 \(pid \d+ on tmxh0\) ended the job', last), \
+            text[-3000:]
+    # the watchdog's timeout, its reply wait and a stall inquiry; Open MPI: AFTER_ABORT_S
+    # and the stop; 5 s of slack (load)
+    assert t_exit < TIMEOUT_S + 2.3 + 2 + 3 + 2 + 5
     whole_checkpoint(job)
 
 

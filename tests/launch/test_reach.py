@@ -280,3 +280,27 @@ def test_a_ranks_own_timeout_wins_over_the_socket_it_closed():
         assert status == 3 and msg.startswith(
             'theanompi-ext: rank 1 of 2 (pid 21026 on tmxh1) died: a rank on tmxh0 saw its '
             'connection closed'), msg
+
+
+def test_a_daemon_lost_during_the_run_is_named():
+    # captured (Open MPI 5.0.11, 2 emulated hosts x 1 rank): every process of tmxh1
+    # SIGKILLed mid-run; prterun printed its spawn banner and exited 0
+    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.launch.reach import LaunchWatch, with_daemon_lost
+    from theanompi_ext.train.restarts import classify
+    watch = LaunchWatch()
+    for line in (OPENMPI_NO_REPORT % 0).splitlines(True):
+        watch.feed(line)
+    assert watch.no_report == ['tmxh1', 0]
+    notes = {0: (6606, 'tmxh0', 'died'), 1: (6612, 'tmxh1', 'running')}
+    msg, status = explain(0, LauncherReport(), notes, 2)
+    msg = with_daemon_lost(msg, watch.no_report)
+    assert (msg, status) == (
+        "theanompi-ext: host tmxh1: Open MPI's daemon (prted) ended during the run (its exit "
+        "status 0): the host, the daemon or the launcher's connection to it was lost; rank 0 "
+        "(pid 6606 on tmxh0), rank 1 (pid 6612 on tmxh1) of 2 ended without finishing "
+        "training although mpiexec reported success; the run is incomplete (exit status 3)", 3)
+    assert classify(status, msg).restartable
+    # no banner, or one without a host: the message as it was
+    assert with_daemon_lost('theanompi-ext: x', None) == 'theanompi-ext: x'
+    assert with_daemon_lost('theanompi-ext: x', [None, None]) == 'theanompi-ext: x'

@@ -34,7 +34,8 @@ from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tes
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_keeper import LAUNCHER_HOST_VAR
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes, unfinished
-from .reach import LaunchWatch, explain_launch, not_started, proxy_program
+from .reach import (LaunchWatch, explain_launch, not_started, proxy_program,
+                    with_daemon_lost)
 from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
@@ -635,6 +636,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                 return last_words(status, message)
             # the abort was Open MPI's own, of a rank that lost a peer: told below
         message, status = explain(status, report, notes, size, first_exit=watch.first())
+        if status and notes:
+            message = with_daemon_lost(message, launch.no_report)
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile,
                                        expected=None if openmpi else proxy_program(cmd[0]))

@@ -206,6 +206,23 @@ def explain_launch(watch, hostfile, agent=None, expected=None):
                 os.path.basename(agent or os.environ.get(AGENT_VAR) or 'ssh')))
 
 
+def with_daemon_lost(message, no_report):
+    """``message`` (the launcher's line on a job whose ranks had started) told with
+    the Open MPI daemon that ended during the run: ``no_report`` is
+    :attr:`LaunchWatch.no_report`, whose banner PRRTE also prints when a daemon
+    it started (its agent's child) ends mid-run, and prterun may then exit 0
+    (measured, Open MPI 5.0.11: every process of an emulated host SIGKILLed;
+    `Daemon exit status: 0`). Unchanged without a host."""
+    if not no_report or not no_report[0]:
+        return message
+    host, status = no_report
+    head = 'theanompi-ext: '
+    rest = message[len(head):] if message.startswith(head) else message
+    return ('%shost %s: Open MPI\'s daemon (prted) ended during the run%s: the host, the '
+            'daemon or the launcher\'s connection to it was lost; %s'
+            % (head, host, '' if status is None else ' (its exit status %d)' % status, rest))
+
+
 def daemon_did_not_report(host, status):
     """The words for Open MPI's daemon on ``host`` that did not call back (``status``:
     its exit status, None when the banner had none)."""
