@@ -145,6 +145,9 @@ NOT_ALONE = {
                       '(tests/launch/test_faults.py)',
     'device_unit.py': 'no MPI: one process on the OpenCL device, always run alone '
                       '(tests/train/test_device.py)',
+    'run_keeper.py': 'needs k >= 2: one rank starts no keeper (train/faults.keep_rank), and '
+                     'alone the script only waits to be killed '
+                     '(tests/launch/test_rank_keeper.py)',
 }
 
 
