@@ -266,6 +266,15 @@ def test_far_host_lost(eh, tmp_path):
     job = Job(eh, str(tmp_path))
     job.training()
     rc, t_exit, t_gone = _cut_until_the_end(eh, job, 'tmxh1', kill_every_process)
+    # the host back: its first connection to the hub is answered (measured before
+    # EmulatedHosts.restore forgot the failed neighbour entries: "No route to host",
+    # and the next job could not start its proxy on tmxh1)
+    connect = ('import socket\ntry:\n    socket.create_connection((%r, 9), timeout=5)\n'
+               'except ConnectionRefusedError: print("reached")\n'
+               'except OSError as e: print("unreached", e)\n' % HUB_ADDRESS)
+    assert subprocess.run(['ip', 'netns', 'exec', eh.namespace('tmxh1'), sys.executable, '-c',
+                           connect], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == 'reached'
     print('\ntmxh1 lost (its link cut, its processes SIGKILLed) -> launcher exit %.2f s, every '
           'host clear %.2f s (collective_timeout_s=%d)' % (t_exit, t_gone, TIMEOUT_S))
     text = job.text()

@@ -397,8 +397,21 @@ class EmulatedHosts(object):
         _ip('-n', self.hub, 'link', 'set', self.link(host), 'down')
 
     def restore(self, host):
-        """Bring ``host``'s link back up after :meth:`cut`."""
+        """Bring ``host``'s link back up after :meth:`cut`, and forget the addresses
+        that could not be resolved meanwhile: a FAILED neighbour entry answers the
+        next connection at once with "No route to host" (measured: the first
+        connect from a host whose processes were killed during the cut)."""
         _ip('-n', self.hub, 'link', 'set', self.link(host), 'up')
+        i = host if isinstance(host, int) else self.hosts.index(host)
+        self._forget_neighbours([(self.namespace(i), None)], [self.address(i)])
+
+    def _forget_neighbours(self, hosts, hub_entries):
+        """Flush the neighbour entries of ``hosts`` (``(namespace, address or None for
+        all)``) and the hub's for ``hub_entries`` (addresses)."""
+        for ns, address in hosts:
+            _ip('-n', ns, 'neigh', 'flush', *(['to', address] if address else ['all']))
+        for address in hub_entries:
+            _ip('-n', self.hub, 'neigh', 'flush', 'to', address)
 
     def cut_hub(self):
         """Cut the launcher's host (the hub) off the hosts, which still reach each
@@ -407,8 +420,11 @@ class EmulatedHosts(object):
         _ip('-n', self.hub, 'addr', 'del', HUB_ADDRESS + '/24', 'dev', BRIDGE)
 
     def restore_hub(self):
-        """Give the hub its address back after :meth:`cut_hub`."""
+        """Give the hub its address back after :meth:`cut_hub` (and forget the hosts'
+        failed resolutions of it, as :meth:`restore`)."""
         _ip('-n', self.hub, 'addr', 'add', HUB_ADDRESS + '/24', 'dev', BRIDGE)
+        self._forget_neighbours([(self.namespace(i), HUB_ADDRESS)
+                                 for i in range(len(self.hosts))], [])
 
     def set_rate(self, host, rate):
         """Shape ``host``'s link to ``rate`` (tc units, both directions) from now on,
