@@ -58,17 +58,23 @@ def end_alone(code):
     os._exit(code)
 
 
-#: The watcher of :func:`watch_daemon` and :func:`watch_finalize` (``python -S -c``):
-#: argv SECONDS PID...; SIGKILLs, in order, those still alive after SECONDS.
-_WATCH = r'''
-import os, signal, sys, time
-end, pids = time.monotonic() + float(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+#: ``alive(pid)`` for the small watcher scripts (``python -S -c``, no package
+#: import): a zombie or a dead process is not alive. Here and in launch/rank_keeper.py.
+ALIVE_FN = r'''
 def alive(pid):
     try:
         with open('/proc/%d/stat' % pid) as f:
             return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
     except (OSError, IndexError):
         return False
+'''
+
+#: The watcher of :func:`watch_daemon` and :func:`watch_finalize` (``python -S -c``):
+#: argv SECONDS PID...; SIGKILLs, in order, those still alive after SECONDS.
+_WATCH = r'''
+import os, signal, sys, time
+end, pids = time.monotonic() + float(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+''' + ALIVE_FN + r'''
 while any(alive(p) for p in pids) and time.monotonic() < end:
     time.sleep(0.1)
 for pid in pids:

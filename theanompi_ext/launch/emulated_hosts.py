@@ -187,6 +187,11 @@ def _ip(*argv):
     return res.stdout
 
 
+def _forget_neighbours(ns, address=None):
+    """Flush namespace ``ns``'s neighbour entries (for ``address`` only, if given)."""
+    _ip('-n', ns, 'neigh', 'flush', *(['to', address] if address else ['all']))
+
+
 LAUNCH_SCRIPT = r'''#!/bin/sh
 # hydra's ssh launcher for emulated hosts: ssh [OPTIONS] HOST COMMAND...
 while [ $# -gt 0 ]; do
@@ -402,16 +407,8 @@ class EmulatedHosts(object):
         next connection at once with "No route to host" (measured: the first
         connect from a host whose processes were killed during the cut)."""
         _ip('-n', self.hub, 'link', 'set', self.link(host), 'up')
-        i = host if isinstance(host, int) else self.hosts.index(host)
-        self._forget_neighbours([(self.namespace(i), None)], [self.address(i)])
-
-    def _forget_neighbours(self, hosts, hub_entries):
-        """Flush the neighbour entries of ``hosts`` (``(namespace, address or None for
-        all)``) and the hub's for ``hub_entries`` (addresses)."""
-        for ns, address in hosts:
-            _ip('-n', ns, 'neigh', 'flush', *(['to', address] if address else ['all']))
-        for address in hub_entries:
-            _ip('-n', self.hub, 'neigh', 'flush', 'to', address)
+        _forget_neighbours(self.namespace(host))
+        _forget_neighbours(self.hub, self.address(host))
 
     def cut_hub(self):
         """Cut the launcher's host (the hub) off the hosts, which still reach each
@@ -423,8 +420,8 @@ class EmulatedHosts(object):
         """Give the hub its address back after :meth:`cut_hub` (and forget the hosts'
         failed resolutions of it, as :meth:`restore`)."""
         _ip('-n', self.hub, 'addr', 'add', HUB_ADDRESS + '/24', 'dev', BRIDGE)
-        self._forget_neighbours([(self.namespace(i), HUB_ADDRESS)
-                                 for i in range(len(self.hosts))], [])
+        for host in self.hosts:
+            _forget_neighbours(self.namespace(host), HUB_ADDRESS)
 
     def set_rate(self, host, rate):
         """Shape ``host``'s link to ``rate`` (tc units, both directions) from now on,

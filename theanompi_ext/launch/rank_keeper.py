@@ -33,24 +33,18 @@ import socket
 import subprocess
 import sys
 
-from ..collective.abort_alone import daemon_parent
+from ..collective.abort_alone import ALIVE_FN, daemon_parent
 from .rank_notes import DIED
 
 #: The launcher's host name, given to the ranks (``launch/postmortem.run_explained``).
 LAUNCHER_HOST_VAR = 'THEANOMPI_EXT_LAUNCHER_HOST'
 
-#: The keeper (``python -S -E -c``): argv RANK_PID NOTE DAEMON_PID (0: none) SECONDS.
+#: The keeper (``python -S -E -c``): argv RANK_PID NOTE DAEMON_PID (0: none) SECONDS
+#: STATE (what a rank gone without a note of its own is noted: :data:`DIED`).
 _KEEP = r'''
 import os, select, signal, sys, time
 pid, note, daemon, alone_s = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-
-def alive(p):
-    try:
-        with open('/proc/%d/stat' % p) as f:
-            return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
-    except (OSError, IndexError):
-        return False
-
+''' + ALIVE_FN + r'''
 def gone_within(p, seconds):
     try:
         fd = os.pidfd_open(p)
