@@ -1,4 +1,5 @@
 """``bench hosts``: its bounds and tables by hand, and one short run on emulated hosts (root)."""
+import re
 import subprocess
 import sys
 
@@ -35,6 +36,9 @@ def test_predictions_and_table():
     assert pred['leader'] == pytest.approx(0.008 + 2 * 2e-5 + link)
     text = format_table(res)
     assert '4 MB' in text and 'within 1.10 x bound from 1 MB: met' in text
+    assert 'lost each way' not in text
+    assert '200mbit links, 50ms queue, 0.5% lost each way (MPICH)' in format_table(
+        dict(res, loss=0.005))
     assert 'sim/meas' in text and '(within 10%: all)' in text
 
 
@@ -79,14 +83,19 @@ def test_a_short_run_on_emulated_hosts():
     if why:
         pytest.skip(why)
     res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli', 'bench', 'hosts',
-                          '--sizes', '256K', '--reps', '1', '--rate', '1gbit'],
+                          '--sizes', '256K', '--reps', '1', '--rate', '1gbit', '--loss', '1%'],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert 'allreduce on 2 emulated hosts x 2 ranks, 1gbit links' in res.stdout
+    assert 'allreduce on 2 emulated hosts x 2 ranks, 1gbit links, 1s queue, 1% lost each ' \
+        'way' in res.stdout
     assert '256 KB' in res.stdout and 'sim/meas' in res.stdout
     assert 'host CPU (measured here, this process alone): 1 cores per host' in res.stdout
     # the links' counters, read from each host's namespace after the run
     assert 'links during the run' in res.stdout and 'tmxh1: ' in res.stdout
+    # thousands of frames crossed each link: 1% of them lost (none is about e**-20)
+    for host in ('tmxh0', 'tmxh1'):
+        lost = re.search(host + r': \d+ tbf drops, (\d+) lost', res.stdout)
+        assert lost and int(lost.group(1)) > 0, res.stdout
 
 
 def test_timeouts_in_the_prediction_table():

@@ -311,13 +311,13 @@ def test_a_silent_rank_across_a_slow_link_is_told_by_its_last_answer():
     text = dog._missing_text(7, {1: None})
     assert re.match(r"not arrived: rank 1 \(pid 101 on h1\) no answer within 2\.0 s \(it "
                     r"answered 2\.\d s ago, in this wait or past it: the link to h1 is slow, "
-                    r"congested or cut, or it was stopped since\)$", text), text
+                    r"lossy, congested or cut, or it was stopped since\)$", text), text
     # an answer from an earlier wait (seq 6) says nothing of this one
     dog._seen[1] = (PeerState(1, 6, 3, 'loss stats', True, 2.0, True), dog.clock.now())
     text = dog._missing_text(7, {1: None})
     assert text == ('not arrived: rank 1 (pid 101 on h1) no answer within 2.0 s (dead, '
                     'stopped, or busy in compiled code holding the GIL, or the link to h1 '
-                    'slow or cut)'), text
+                    'slow, lossy or cut)'), text
 
 
 def test_silent_ranks_on_this_host_and_every_rank_arrived():
@@ -330,7 +330,7 @@ def test_silent_ranks_on_this_host_and_every_rank_arrived():
                     r'answered 0\.\d s ago, in this wait or past it: stopped since, or busy in '
                     r'compiled code holding the GIL\); rank 2 \(pid 102 on h1\) no answer '
                     r'within 2\.0 s \(dead, stopped, or busy in compiled code holding the GIL, '
-                    r'or the link to h1 slow or cut\)$', text), text
+                    r'or the link to h1 slow, lossy or cut\)$', text), text
     # every rank answers from inside the wait: stuck, or slow between hosts
     here = {r: PeerState(r, 9, 3, 'bucket0', True, 1, True) for r in (1, 2)}
     assert dog._missing_text(9, here) == ('every rank has arrived (the collective itself '

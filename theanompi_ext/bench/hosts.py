@@ -75,6 +75,13 @@ def register(sub):
                    help='how long a packet may wait at a link before it is dropped, tc units '
                         '(default %(default)s: lossless; 50ms: a shallow queue that TCP '
                         'overflows)')
+    p.add_argument('--loss', default=None, metavar='P',
+                   help='packets each link loses in each direction, at random: a fraction '
+                        '(0.01) or a percentage (1%%); the bounds and predictions stay those '
+                        'of a lossless link (default none)')
+    p.add_argument('--per-frame', action='store_true',
+                   help='one frame per packet on every link (no segmentation offload): '
+                        '--loss per frame, as on a wire; costs the machine CPU')
     p.add_argument('--sizes', default=None, metavar='LIST',
                    help='bytes, comma-separated, K/M suffixes (default 256K,1M,4M,16M)')
     p.add_argument('--reps', type=int, default=5, metavar='N',
@@ -96,7 +103,7 @@ def main(args):
     from ..launch.emulated_hosts import EmulatedHosts, check_shaping
     from ..launch.emulated_network import NetworkSetupError, tbf_link
     try:
-        check_shaping(args.rate, args.delay, args.queue, flag='--')
+        check_shaping(args.rate, args.delay, args.queue, flag='--', loss=args.loss)
         sizes = [parse_size(s) for s in args.sizes.split(',')] if args.sizes else \
             list(DEFAULT_SIZES)
         rate_Bps = tbf_link(args.rate)[0]
@@ -110,7 +117,7 @@ def main(args):
     cpu_costs = local_cpu_costs()       # before the ranks run: this process alone
     try:
         with EmulatedHosts(args.hosts, args.ranks_per_host, args.rate, args.delay,
-                           queue=args.queue) as eh:
+                           queue=args.queue, loss=args.loss, per_frame=args.per_frame) as eh:
             res = run_on_hosts(eh, spec, args.timeout)
             res['link_events'] = {h: eh.link_events(h) for h in eh.hosts}
             res['load'] = list(os.getloadavg())
@@ -118,7 +125,8 @@ def main(args):
         sys.stderr.write('theanompi-ext bench hosts: %s\n' % exc)
         return EXIT_CHECK_FAILED
     res.update(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=args.rate,
-               delay=args.delay, queue=args.queue, rate_Bps=rate_Bps,
+               delay=args.delay, queue=args.queue, loss=eh.loss, per_frame=eh.per_frame,
+               rate_Bps=rate_Bps,
                cpu=dict(cpu_costs, cores=machine_cores()))
     print(format_table(res))
     if args.json:
@@ -218,9 +226,11 @@ def format_table(res):
     head = '%8s %9s %9s' % ('size', 'bound ms', 'ring ms') + ''.join(
         ' %9s %6s' % (m + ' ms', 'x bnd') for m in methods)
     # results written before the queue was an option had tbf's 50 ms
-    lines = ['allreduce on %d emulated hosts x %d ranks, %s links%s, %s queue (%s)' % (
+    lines = ['allreduce on %d emulated hosts x %d ranks, %s links%s, %s queue%s%s (%s)' % (
         res['hosts'], res['ranks_per_host'], res['rate'],
         ', +%s' % res['delay'] if res.get('delay') else '', res.get('queue', '50ms'),
+        ', %g%% lost each way' % (100 * res['loss']) if res.get('loss') else '',
+        ', a frame per packet' if res.get('per_frame') else '',
         res['mpi']), head]
     missed = []
     for r in res['rows']:
@@ -240,8 +250,9 @@ def format_table(res):
     if res.get('link_events'):
         ev = res['link_events']
         lines.append('links during the run (every size and method): %s; load average %s' % (
-            '; '.join('%s: %d tbf drops, %d TCP segments retransmitted, %d timeouts, %d loss '
-                      'probes' % (h, e['drops'], e['retrans'], e['timeouts'], e['probes'])
+            '; '.join('%s: %d tbf drops, %d lost, %d TCP segments retransmitted, %d '
+                      'timeouts, %d loss probes' % (h, e['drops'], e.get('lost', 0), e['retrans'],
+                                                    e['timeouts'], e['probes'])
                       for h, e in sorted(ev.items())),
             ' '.join('%.2f' % x for x in res.get('load', []))))
     lines.append('(median of %d alternating blocks, slower rank; bound = 2(H-1)/H S/B, ring = '

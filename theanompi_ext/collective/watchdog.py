@@ -379,8 +379,8 @@ class Watchdog(object):
     def _why_silent(self, r, seq):
         """Why rank ``r`` may not answer. A rank that answered from inside this wait
         (or past it) at an earlier inquiry, a stall line's, has arrived: its answer
-        is queued behind the collective's own data on a slow link (the side channel
-        shares it), or it was stopped since (a writer, inside its write); on another
+        is queued behind the collective's own data on a slow or lossy link (the side
+        channel shares it and TCP's retransmissions), or it was stopped since (a writer, inside its write); on another
         host the link is named. It stays "not arrived" in the report, which names
         the ranks that hold the others up."""
         host = self.identities[r][1]
@@ -389,10 +389,10 @@ class Watchdog(object):
         if seen is not None and seen[0].seq >= seq:
             return 'it answered %.1f s ago, in this wait or past it: %s' % (
                 self.clock.now() - seen[1],
-                'the link to %s is slow, congested or cut, or it was stopped since' % host
+                'the link to %s is slow, lossy, congested or cut, or it was stopped since' % host
                 if far else 'stopped since, or busy in compiled code holding the GIL')
         return 'dead, stopped, or busy in compiled code holding the GIL%s' % (
-            ', or the link to %s slow or cut' % host if far else '')
+            ', or the link to %s slow, lossy or cut' % host if far else '')
 
     @staticmethod
     def not_arrived(seq, answers):

@@ -30,8 +30,9 @@ its out-of-band and TCP traffic kept on the hosts' subnet.
 ``theanompi-ext train --workers 4 --hostfile eh.hostfile`` runs across the
 hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
 and up during a run, ``eh.set_rate(h, rate)`` slows it down (or up) during a
-run, ``eh.cut_hub()``/``eh.restore_hub()`` cut the launcher off the hosts; ``rate`` (tbf) and ``delay`` (netem) shape every link,
-and ``queue`` sets how long a packet may wait at a shaped link (tbf's queue:
+run, ``eh.set_loss(h, '2%')`` makes it lose packets at random (a BPF filter,
+link_loss.py), ``eh.cut_hub()``/``eh.restore_hub()`` cut the launcher off the
+hosts; ``rate`` (tbf), ``delay`` (netem) and ``loss`` shape every link, and ``queue`` sets how long a packet may wait at a shaped link (tbf's queue:
 deep enough by default that the project's collectives lose nothing there).
 Shared memory still works within a host (the ranks of one host share /dev/shm).
 
@@ -41,7 +42,7 @@ block (SIGKILL); :func:`cleanup_stale` (called on entering) removes what a
 dead process left. Namespaces are named ``tmxhosts<pid>-hub``/``-h<i>``.
 
 For a user: ``python -m theanompi_ext.launch.emulated_hosts --hosts 2 --ranks 2
-[--rate 200mbit] [--delay 5ms] [--queue 50ms] -- theanompi-ext train --workers 4
+[--rate 200mbit] [--delay 5ms] [--queue 50ms] [--loss 1%] [--per-frame] -- theanompi-ext train --workers 4
 --hostfile '$TMX_HOSTFILE' ...`` (the hostfile's path is also in ``$TMX_HOSTFILE``).
 """
 import argparse
@@ -60,6 +61,7 @@ from .emulated_network import (DEFAULT_BURST, NetworkSetupError, hosts_layout, h
                                delete_namespace, namespaces, netns_problem, tbf_link, tc_time)
 from ..files.stale import pid_alive
 from .hostlists import format_hostfile
+from .link_loss import loss_commands, parse_loss
 from .mpiexec import MPIEXEC_VAR, find_mpiexec, is_openmpi
 from .reach import AGENT_VAR
 
@@ -82,15 +84,17 @@ DEFAULT_QUEUE = '1s'
 QUERY_OPTIONS = ('--version', '-version', '-info', '--info', '-h', '-help', '--help')
 
 
-def check_shaping(rate=None, delay=None, queue=DEFAULT_QUEUE, flag=''):
+def check_shaping(rate=None, delay=None, queue=DEFAULT_QUEUE, flag='', loss=None):
     """ValueError, before anything is made, when ``rate``, ``delay`` or ``queue`` is
-    not in tc's units; the times named ``flag`` + their name ('--queue' from a
-    command line, 'queue' from Python) rather than in tc's words later."""
+    not in tc's units, or ``loss`` not a fraction below 1; the times and the loss
+    named ``flag`` + their name ('--queue' from a command line, 'queue' from Python)
+    rather than in tc's words later."""
     if rate is not None:
         tbf_link(rate)
     if delay is not None:
         tc_time(delay, flag + 'delay')
     tc_time(queue, flag + 'queue')
+    parse_loss(loss, flag + 'loss')
 
 
 def hosts_problem():
@@ -254,15 +258,25 @@ class EmulatedHosts(object):
     a mount namespace of its own), as a host without the shared filesystem would;
     or ``{host: {folder: copy}}``: they see the folder ``copy`` there (bound over
     it), as on a host with its own, other install (``copy`` None: empty).
+    ``loss``: a fraction (0.02) or percentage ('2%') of the packets each host's link
+    loses in each direction, at random (link_loss.py: a BPF filter, so no netem is
+    needed); a packet between two hosts crosses two links. A packet is what the
+    kernel passes along the link: TCP's segmentation-offload packets of up to
+    ~64 KB (some 40 frames, lost together) unless ``per_frame``: every device of
+    the set then carries one frame per packet (``gso_max_segs 1``, from the
+    start, so every connection is made so), and the loss is per frame, as on a
+    wire; it costs the machine's CPU about 10 times more per byte
+    (docs/multinode.md).
     """
 
     def __init__(self, hosts=2, ranks_per_host=2, rate=None, delay=None, mpiexec=None,
-                 unshared=None, queue=DEFAULT_QUEUE):
+                 unshared=None, queue=DEFAULT_QUEUE, loss=None, per_frame=False):
         if int(hosts) < 1 or int(hosts) > 250 or int(ranks_per_host) < 1:
             raise ValueError('hosts must be 1..250 and ranks_per_host >= 1')
-        check_shaping(rate, delay, queue)
+        check_shaping(rate, delay, queue, loss=loss)
         self.n, self.ranks_per_host = int(hosts), int(ranks_per_host)
         self.rate, self.delay, self.queue = rate, delay, queue
+        self.loss, self.per_frame = parse_loss(loss), bool(per_frame)
         self.hosts = [host_name(i) for i in range(self.n)]
         self.unshared = {}
         for host, folders in (unshared or {}).items():
@@ -273,6 +287,7 @@ class EmulatedHosts(object):
         self.hub = '%s%d-hub' % (PREFIX, os.getpid())
         self.folder = self.hostfile = self.mpiexec = self._reaper = None
         self._rates = {}                # host index -> its link's rate now
+        self._losses = {}               # host index -> its link's loss now (None: never set)
         self.real_mpiexec, self.openmpi = mpiexec, False
 
     def namespace(self, host):
@@ -327,11 +342,22 @@ class EmulatedHosts(object):
                 'netns', ns)
             _ip('-n', self.hub, 'link', 'set', dev, 'master', BRIDGE)
             _ip('-n', ns, 'addr', 'add', self.address(i) + '/24', 'dev', HOST_DEV)
+            self._one_frame_per_packet(self.hub, dev)
+            self._one_frame_per_packet(ns, HOST_DEV)
             self._shape(self.hub, dev, delay=None)      # into the host
             self._shape(ns, HOST_DEV, delay=self.delay)  # out of the host
             self._rates[i] = self.rate
+            self._losses[i] = None
+            if self.loss:
+                self.set_loss(i, self.loss)
             _ip('-n', self.hub, 'link', 'set', dev, 'up')
             _ip('-n', ns, 'link', 'set', HOST_DEV, 'up')
+        self._one_frame_per_packet(self.hub, BRIDGE)      # what the hub itself sends
+
+    def _one_frame_per_packet(self, ns, dev):
+        # TCP reads the device's limit when it connects: set before any connection
+        if self.per_frame:
+            _ip('-n', ns, 'link', 'set', 'dev', dev, 'gso_max_segs', '1')
 
     def _tbf(self, rate):
         return ['tbf', 'rate', str(rate), 'burst', DEFAULT_BURST, 'latency', str(self.queue)]
@@ -440,6 +466,22 @@ class EmulatedHosts(object):
                 _ip(*tc + ['del', 'dev', dev] + where)
         self._rates[i] = rate
 
+    def set_loss(self, host, loss):
+        """Make ``host``'s link lose ``loss`` (a fraction or 'N%') of its packets in
+        each direction from now on, at random, also during a run; 0 or None: none
+        (packets or frames: ``per_frame``, see the class)."""
+        fraction = parse_loss(loss)
+        i = host if isinstance(host, int) else self.hosts.index(host)
+        for ns, dev in ((self.hub, self.link(i)), (self.namespace(i), HOST_DEV)):
+            for argv in loss_commands(dev, fraction, self._losses[i]):
+                try:
+                    _ip('netns', 'exec', ns, 'tc', *argv)
+                except NetworkSetupError as exc:
+                    raise NetworkSetupError(
+                        'a lossy link needs the clsact queueing discipline and the bpf '
+                        'classifier (sch_ingress, cls_bpf) in the kernel: %s' % exc)
+        self._losses[i] = fraction
+
     def link_bytes(self, host):
         """Bytes carried so far by ``host``'s link: ``(into the host, out of it)``."""
         out = _ip('netns', 'exec', self.hub, 'cat',
@@ -450,16 +492,22 @@ class EmulatedHosts(object):
 
     def link_events(self, host):
         """What ``host``'s link and TCP stack counted so far: ``{'drops': packets
-        tbf dropped (both directions), 'retrans': TCP segments retransmitted,
+        its queue (tbf) dropped, 'lost': packets its loss (:meth:`set_loss`) dropped
+        (each both directions), 'retrans': TCP segments retransmitted on the host,
         'timeouts': retransmission timeouts, 'probes': tail loss probes}``."""
-        drops = 0
+        drops = lost = 0
         for ns, dev in ((self.hub, self.link(host)), (self.namespace(host), HOST_DEV)):
             stats = _ip('netns', 'exec', ns, 'tc', '-s', 'qdisc', 'show', 'dev', dev)
-            drops += sum(int(d) for d in re.findall(r'dropped (\d+)', stats))
+            for kind, dropped in re.findall(r'^qdisc (\S+) .*\n.*?dropped (\d+)', stats,
+                                            re.M):
+                if kind == 'clsact':
+                    lost += int(dropped)
+                else:
+                    drops += int(dropped)
         text = _ip('netns', 'exec', self.namespace(host), 'cat', '/proc/net/snmp',
                    '/proc/net/netstat')
         counters = tcp_counters(text)
-        return dict(drops=drops, retrans=counters.get('RetransSegs', 0),
+        return dict(drops=drops, lost=lost, retrans=counters.get('RetransSegs', 0),
                     timeouts=counters.get('TCPTimeouts', 0),
                     probes=counters.get('TCPLossProbes', 0))
 
@@ -500,14 +548,21 @@ def main(argv=None):
     p.add_argument('--queue', default=DEFAULT_QUEUE,
                    help='how long a packet may wait at a shaped link, tc units (default '
                         '%(default)s: lossless; 50ms: a shallow queue that drops)')
+    p.add_argument('--loss', default=None,
+                   help='packets each link loses in each direction, at random: a fraction '
+                        '(0.02) or a percentage (2%%); default none')
+    p.add_argument('--per-frame', action='store_true',
+                   help='one frame per packet on every link (no segmentation offload), so '
+                        '--loss is per frame, as on a wire; costs CPU')
     p.add_argument('command', nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ['--'] else args.command
     if not cmd:
         p.error('no command given (after --)')
     try:
-        check_shaping(args.rate, args.delay, args.queue, flag='--')
-        hosts = EmulatedHosts(args.hosts, args.ranks, args.rate, args.delay, queue=args.queue)
+        check_shaping(args.rate, args.delay, args.queue, flag='--', loss=args.loss)
+        hosts = EmulatedHosts(args.hosts, args.ranks, args.rate, args.delay, queue=args.queue,
+                              loss=args.loss, per_frame=args.per_frame)
     except ValueError as exc:
         p.error(str(exc))
     try:
