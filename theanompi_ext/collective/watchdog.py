@@ -380,9 +380,9 @@ class Watchdog(object):
         """Why rank ``r`` may not answer. A rank that answered from inside this wait
         (or past it) at an earlier inquiry, a stall line's, has arrived: its answer
         is queued behind the collective's own data on a slow or lossy link (the side
-        channel shares it and TCP's retransmissions), or it was stopped since (a writer, inside its write); on another
-        host the link is named. It stays "not arrived" in the report, which names
-        the ranks that hold the others up."""
+        channel shares it, and TCP's retransmissions), or it was stopped since (a
+        writer, inside its write); on another host the link is named. It stays "not
+        arrived" in the report, which names the ranks that hold the others up."""
         host = self.identities[r][1]
         far = host != self.identities[self.rank][1]
         seen = self._seen.get(r)

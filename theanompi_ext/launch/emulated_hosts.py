@@ -32,8 +32,9 @@ hosts unchanged. ``eh.cut(h)``/``eh.restore(h)`` take host ``h``'s link down
 and up during a run, ``eh.set_rate(h, rate)`` slows it down (or up) during a
 run, ``eh.set_loss(h, '2%')`` makes it lose packets at random (a BPF filter,
 link_loss.py), ``eh.cut_hub()``/``eh.restore_hub()`` cut the launcher off the
-hosts; ``rate`` (tbf), ``delay`` (netem) and ``loss`` shape every link, and ``queue`` sets how long a packet may wait at a shaped link (tbf's queue:
-deep enough by default that the project's collectives lose nothing there).
+hosts; ``rate`` (tbf), ``delay`` (netem) and ``loss`` shape every link, and
+``queue`` sets how long a packet may wait at a shaped link (tbf's queue: deep
+enough by default that the project's collectives lose nothing there).
 Shared memory still works within a host (the ranks of one host share /dev/shm).
 
 Cleanup: leaving the block kills every process in our namespaces and deletes
@@ -42,8 +43,9 @@ block (SIGKILL); :func:`cleanup_stale` (called on entering) removes what a
 dead process left. Namespaces are named ``tmxhosts<pid>-hub``/``-h<i>``.
 
 For a user: ``python -m theanompi_ext.launch.emulated_hosts --hosts 2 --ranks 2
-[--rate 200mbit] [--delay 5ms] [--queue 50ms] [--loss 1%] [--per-frame] -- theanompi-ext train --workers 4
---hostfile '$TMX_HOSTFILE' ...`` (the hostfile's path is also in ``$TMX_HOSTFILE``).
+[--rate 200mbit] [--delay 5ms] [--queue 50ms] [--loss 1%] [--per-frame] --
+theanompi-ext train --workers 4 --hostfile '$TMX_HOSTFILE' ...`` (the hostfile's
+path is also in ``$TMX_HOSTFILE``).
 """
 import argparse
 import os
@@ -287,7 +289,7 @@ class EmulatedHosts(object):
         self.hub = '%s%d-hub' % (PREFIX, os.getpid())
         self.folder = self.hostfile = self.mpiexec = self._reaper = None
         self._rates = {}                # host index -> its link's rate now
-        self._losses = {}               # host index -> its link's loss now (None: never set)
+        self._losses = {}               # (namespace, device) -> its loss now (absent: none yet)
         self.real_mpiexec, self.openmpi = mpiexec, False
 
     def namespace(self, host):
@@ -347,7 +349,6 @@ class EmulatedHosts(object):
             self._shape(self.hub, dev, delay=None)      # into the host
             self._shape(ns, HOST_DEV, delay=self.delay)  # out of the host
             self._rates[i] = self.rate
-            self._losses[i] = None
             if self.loss:
                 self.set_loss(i, self.loss)
             _ip('-n', self.hub, 'link', 'set', dev, 'up')
@@ -472,15 +473,18 @@ class EmulatedHosts(object):
         (packets or frames: ``per_frame``, see the class)."""
         fraction = parse_loss(loss)
         i = host if isinstance(host, int) else self.hosts.index(host)
-        for ns, dev in ((self.hub, self.link(i)), (self.namespace(i), HOST_DEV)):
-            for argv in loss_commands(dev, fraction, self._losses[i]):
+        # each end on its own: a failure at one leaves the other's state known
+        for end in ((self.hub, self.link(i)), (self.namespace(i), HOST_DEV)):
+            for argv in loss_commands(end[1], fraction, self._losses.get(end)):
                 try:
-                    _ip('netns', 'exec', ns, 'tc', *argv)
+                    _ip('netns', 'exec', end[0], 'tc', *argv)
                 except NetworkSetupError as exc:
                     raise NetworkSetupError(
                         'a lossy link needs the clsact queueing discipline and the bpf '
                         'classifier (sch_ingress, cls_bpf) in the kernel: %s' % exc)
-        self._losses[i] = fraction
+                if argv[0] == 'qdisc':
+                    self._losses[end] = 0.0
+            self._losses[end] = fraction
 
     def link_bytes(self, host):
         """Bytes carried so far by ``host``'s link: ``(into the host, out of it)``."""
