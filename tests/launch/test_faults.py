@@ -334,8 +334,8 @@ def test_silent_ranks_on_this_host_and_every_rank_arrived():
     # every rank answers from inside the wait: stuck, or slow between hosts
     here = {r: PeerState(r, 9, 3, 'bucket0', True, 1, True) for r in (1, 2)}
     assert dog._missing_text(9, here) == ('every rank has arrived (the collective itself '
-                                          'is stuck, or too slow across the link between '
-                                          'hosts)')
+                                          'is stuck, or too slow across a slow, lossy or '
+                                          'congested link between hosts)')
     one_host = _asking_dog(['h0', 'h0'])
     assert one_host._missing_text(9, {1: here[1]}) == ('every rank has arrived (the '
                                                        'collective itself is stuck)')

@@ -459,13 +459,17 @@ def test_rank_killed_while_the_launcher_is_cut_off(eh, tmp_path):
 SLOW_LINK = '64kbit'     # 57 KB of gradients per step: 7 s a step once tbf's burst is spent
 
 
+# the jobs whose link gives way: every wait's limit 4 s (a checkpoint's too)
+LINK_LIMITS = ('--collective-timeout-s', '4', '--write-timeout-s', '4', '--stall-warn-s', '2')
+
+
 def test_link_too_slow_for_the_timeout(eh, tmp_path):
     """tmxh1's link slowed to 64 kbit/s during training (``eh.set_rate``): a step's
     exchange takes longer than the collective timeout, and the watchdogs' questions
     queue behind the data. The job ends with status 4, the report names the link to
     the other host (not only a dead or stopped rank), nothing is left, and the
     last checkpoint is whole."""
-    job = Job(eh, str(tmp_path), '--collective-timeout-s', '4', '--stall-warn-s', '2')
+    job = Job(eh, str(tmp_path), *LINK_LIMITS)
     job.training()
     t0 = time.monotonic()
     eh.set_rate('tmxh1', SLOW_LINK)
@@ -483,31 +487,36 @@ def test_link_too_slow_for_the_timeout(eh, tmp_path):
 
 
 def assert_link_named(text):
-    """A watchdog's timeout (collective_timeout_s=4) names the rank across the link and
-    the link to its host, whether an earlier answer came through (then: when) or
-    none did."""
+    """A watchdog's timeout (collective_timeout_s=4, or write_timeout_s=4 while the
+    others wait for a checkpoint's writer) names the rank across the link and the
+    link to its host, whether an earlier answer came through (then: when) or none
+    did; or, when both ranks' answers came through from inside the collective, says
+    so and names the link between the hosts (all three seen)."""
     assert re.search(r"rank (\d) of 2 \(pid \d+ on tmxh\1\): no progress for [\d.]+ s in "
-                     r"'[^']+' at step \d+ \(collective_timeout_s=4\); not arrived: rank \d "
-                     r"\(pid \d+ on (tmxh\d)\) no answer within [\d.]+ s \((it answered [\d.]+ "
-                     r"s ago, in this wait or past it: the link to \2 is slow, lossy, "
+                     r"'[^']+' at step \d+ \((?:collective|write)_timeout_s=4\); (not arrived: "
+                     r"rank \d \(pid \d+ on (tmxh\d)\) no answer within [\d.]+ s \((it answered "
+                     r"[\d.]+ s ago, in this wait or past it: the link to \3 is slow, lossy, "
                      r"congested or cut|dead, stopped, or busy in compiled code holding the GIL, "
-                     r"or the link to \2 slow, lossy or cut)", text), text[-3000:]
+                     r"or the link to \3 slow, lossy or cut)|every rank has arrived \(the "
+                     r"collective itself is stuck, or too slow across a slow, lossy or congested "
+                     r"link between hosts\))", text), text[-3000:]
 
 
-HEAVY_LOSS = '40%'   # tmxh1's link, each way: 64% of the round trips between the hosts fail
+HEAVY_LOSS = '60%'   # tmxh1's link, each way: 84% of the round trips between the hosts fail
 
 
 def test_link_too_lossy_for_the_timeout(eh, tmp_path):
     """tmxh1's link loses HEAVY_LOSS of its packets during training (``eh.set_loss``):
     TCP's retransmissions back off (0.2 s, 0.4 s, ... doubling) past the collective
-    timeout, some steps after the change (when is chance: 6-13 s in 3 runs). The
+    timeout, some steps after the change (when is chance: 6.2-21 s in 9 runs). The
     job ends with status 4 and the report names the link to the other host, as
     for a slow link; nothing is left on either host soon after the watchdog's line
     (the abort itself crosses the lossy link; the far rank's own watchdog ends it
-    otherwise), and the last checkpoint is whole. (20% a link, 36% between the
-    hosts, ended a job with a timeout of 18 s once, after 22 s without progress:
-    a lossy link is a slow one.)"""
-    job = Job(eh, str(tmp_path), '--collective-timeout-s', '4', '--stall-warn-s', '2')
+    otherwise), and the last checkpoint is whole. (At 40% the first timeout came
+    6-13 s after the change in 7 runs, 118 s in one; at 20% a link, 36% between
+    the hosts, a job with a timeout of 18 s waited 22 s at step 16 once: a lossy
+    link is a slow one, in bursts.)"""
+    job = Job(eh, str(tmp_path), *LINK_LIMITS)
     job.training()
     t0 = time.monotonic()
     eh.set_loss('tmxh1', HEAVY_LOSS)

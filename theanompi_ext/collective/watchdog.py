@@ -359,7 +359,8 @@ class Watchdog(object):
             return phase[2]
         if not late:
             return 'every rank has arrived (the collective itself is stuck%s)' % (
-                ', or too slow across the link between hosts' if self._hosts() > 1 else '')
+                ', or too slow across a slow, lossy or congested link between hosts'
+                if self._hosts() > 1 else '')
         parts = []
         for r in late:
             a = answers[r]
