@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from support.hosts import skip_without_hosts
 from support.paths import ROOT
 from theanompi_ext.bench.hosts import bounds, format_table, predictions
 
@@ -78,10 +79,7 @@ def test_local_cpu_costs_are_small_and_positive():
 
 @pytest.mark.root
 def test_a_short_run_on_emulated_hosts():
-    from theanompi_ext.launch.emulated_hosts import hosts_problem
-    why = hosts_problem()
-    if why:
-        pytest.skip(why)
+    skip_without_hosts()
     res = subprocess.run([sys.executable, '-m', 'theanompi_ext.cli', 'bench', 'hosts',
                           '--sizes', '256K', '--reps', '1', '--rate', '1gbit', '--loss', '1%'],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)

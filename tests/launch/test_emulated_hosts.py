@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from support.hosts import TCP_BULK, python_on
 from support.installs import another_install
 from support.paths import ROOT, root_on_path
 from support.procs import alive
@@ -458,36 +459,6 @@ def test_delay_or_why_not(tmp_path):
     assert not ours()
 
 
-BULK = r'''
-import socket, sys, threading
-role, addr, flows, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-if role == 'recv':
-    srv = socket.socket()
-    srv.bind((addr, 5001))
-    srv.listen(flows)
-    print('ready', flush=True)
-    got = [0] * flows
-    def drain(i, c):
-        while True:
-            b = c.recv(1 << 20)
-            if not b:
-                return
-            got[i] += len(b)
-    ts = [threading.Thread(target=drain, args=(i, srv.accept()[0])) for i in range(flows)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-    print(sum(got))
-else:
-    def send(_):
-        s = socket.create_connection((addr, 5001))
-        s.sendall(bytes(nbytes))
-        s.close()
-    ts = [threading.Thread(target=send, args=(i,)) for i in range(flows)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-'''
-
-
 @pytest.mark.parametrize('queue', [None, '5ms'])
 def test_the_links_queue(queue):
     """Two TCP flows of 8 MB each way between 2 hosts at 200 Mbit/s, as an allreduce's:
@@ -502,13 +473,12 @@ def test_the_links_queue(queue):
             shown = subprocess.run(['ip', 'netns', 'exec', ns, 'tc', 'qdisc', 'show', 'dev',
                                     dev], capture_output=True, text=True).stdout
             assert 'lat %s' % (queue or DEFAULT_QUEUE) in shown, shown
-        recv = [subprocess.Popen(['ip', 'netns', 'exec', eh.namespace(h), sys.executable, '-c',
-                                  BULK, 'recv', eh.address(h), flows, nbytes],
-                                 stdout=subprocess.PIPE, text=True) for h in (0, 1)]
-        assert [r.stdout.readline().strip() for r in recv] == ['ready', 'ready']
-        send = [subprocess.Popen(['ip', 'netns', 'exec', eh.namespace(h), sys.executable, '-c',
-                                  BULK, 'send', eh.address(1 - h), flows, nbytes])
+        recv = [subprocess.Popen(python_on(eh, h, TCP_BULK, 'recv', eh.address(h), flows,
+                                           nbytes), stdout=subprocess.PIPE, text=True)
                 for h in (0, 1)]
+        assert [r.stdout.readline().strip() for r in recv] == ['ready', 'ready']
+        send = [subprocess.Popen(python_on(eh, h, TCP_BULK, 'send', eh.address(1 - h), flows,
+                                           nbytes)) for h in (0, 1)]
         assert [s.wait(timeout=60) for s in send] == [0, 0]
         assert [int(r.communicate(timeout=60)[0]) for r in recv] == [2 * (8 << 20)] * 2
         drops = eh.link_events(0)['drops'] + eh.link_events(1)['drops']

@@ -9,12 +9,12 @@ two links, and ``set_loss`` changes it during a run.
 """
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from theanompi_ext.launch.emulated_hosts import EmulatedHosts, check_shaping, hosts_problem
+from support.hosts import TCP_BULK, python_on, skip_without_hosts
+from theanompi_ext.launch.emulated_hosts import EmulatedHosts, check_shaping
 from theanompi_ext.launch.link_loss import (drop_threshold, loss_commands, loss_program,
                                             parse_loss)
 
@@ -113,13 +113,12 @@ else:
 
 def _arrived(eh, n):
     """Datagrams of ``n`` sent from host 0 to host 1 that arrived (each counted once)."""
-    def on(host, *argv):
-        return ['ip', 'netns', 'exec', eh.namespace(host), sys.executable, '-c', DATAGRAMS] + \
-            [str(a) for a in argv]
-    recv = subprocess.Popen(on(1, 'recv', eh.address(1), n), stdout=subprocess.PIPE, text=True)
+    recv = subprocess.Popen(python_on(eh, 1, DATAGRAMS, 'recv', eh.address(1), n),
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert recv.stdout.readline().strip() == 'ready'
-        subprocess.run(on(0, 'send', eh.address(1), n), check=True, timeout=60)
+        subprocess.run(python_on(eh, 0, DATAGRAMS, 'send', eh.address(1), n), check=True,
+                       timeout=60)
         return int(recv.communicate(timeout=30)[0])
     finally:
         recv.kill()
@@ -134,9 +133,7 @@ def test_datagrams_between_two_lossy_links():
     -> every datagram. (The hosts first learn each other's addresses over lossless
     links: at 20% a link, ARP fails its 3 tries 1 time in 5, and the datagrams of
     the 0.2 s it takes to send them are then lost for want of an address.)"""
-    why = hosts_problem()
-    if why:
-        pytest.skip(why)
+    skip_without_hosts()
     n = 4000
 
     def within(got, p):
@@ -159,37 +156,11 @@ def test_datagrams_between_two_lossy_links():
         within(_arrived(eh, n), 0.5)
 
 
-BULK = r'''
-import socket, sys
-role, addr, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if role == 'recv':
-    srv = socket.socket()
-    srv.bind((addr, 5003))
-    srv.listen(1)
-    print('ready', flush=True)
-    c, got = srv.accept()[0], 0
-    while True:
-        b = c.recv(1 << 20)
-        if not b:
-            break
-        got += len(b)
-    print(got)
-else:
-    s = socket.create_connection((addr, 5003))
-    s.sendall(bytes(nbytes))
-    s.close()
-'''
-
-
 def _into_host_1(eh, nbytes):
     """Send ``nbytes`` over TCP from host 0 to host 1: (bytes received, packets and
     bytes the hub's end of host 1's link sent meanwhile, and of those packets how
     many frames its loss filter saw (tc counts an offload packet's frames) and how
     many packets it dropped)."""
-    def on(host, *argv):
-        return ['ip', 'netns', 'exec', eh.namespace(host), sys.executable, '-c', BULK] + \
-            [str(a) for a in argv]
-
     def counters():
         dev = '/sys/class/net/%s/statistics/' % eh.link(1)
         out = subprocess.run(['ip', 'netns', 'exec', eh.hub, 'cat', dev + 'tx_packets',
@@ -199,12 +170,13 @@ def _into_host_1(eh, nbytes):
         seen = re.search(r'qdisc clsact .*\n Sent \d+ bytes (\d+) pkt \(dropped (\d+)', tc)
         return [int(x) for x in out.split()] + [int(seen.group(1)), int(seen.group(2))]
 
-    recv = subprocess.Popen(on(1, 'recv', eh.address(1), nbytes), stdout=subprocess.PIPE,
-                            text=True)
+    recv = subprocess.Popen(python_on(eh, 1, TCP_BULK, 'recv', eh.address(1), 1, nbytes),
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert recv.stdout.readline().strip() == 'ready'
         before = counters()
-        subprocess.run(on(0, 'send', eh.address(1), nbytes), check=True, timeout=120)
+        subprocess.run(python_on(eh, 0, TCP_BULK, 'send', eh.address(1), 1, nbytes),
+                       check=True, timeout=120)
         got = int(recv.communicate(timeout=60)[0])
     finally:
         recv.kill()
@@ -221,9 +193,7 @@ def test_loss_per_frame_or_per_packet(per_frame):
     the link carries the kernel's offload packets of several frames each (why
     ``per_frame`` exists: a packet lost is then a burst of frames), and the loss is
     2% of those."""
-    why = hosts_problem()
-    if why:
-        pytest.skip(why)
+    skip_without_hosts()
     nbytes = 8 << 20
     with EmulatedHosts(hosts=2, ranks_per_host=1, rate='200mbit', loss='2%',
                        per_frame=per_frame) as eh:
