@@ -91,6 +91,16 @@ def nonfinite(tmp_path):
     assert 'rank 0 of 1 failed: NonFiniteLoss' in res.stderr and 'at iteration' in res.stderr
 
 
+def failing_together(tmp_path):
+    """Alone, "all ranks" is one rank: its own line, its status, no abort."""
+    for case in ('alike', 'mixed'):
+        res = run_alone('run_failing_together.py', case, timeout=120)
+        assert res.returncode == 3, res.stderr[-3000:]
+        assert 'rank 0 of 1 failed: %s' % ('NonFiniteLoss' if case == 'alike' else
+                                          'MemoryError') in res.stderr
+        assert 'ranks failed' not in res.stderr and 'Abort' not in res.stderr
+
+
 def wire_train(tmp_path):
     res = run_alone('run_wire_train.py', timeout=200)
     # alone nothing is cast, so no WireOverflow: the loss itself turns non-finite
@@ -133,6 +143,7 @@ ALONE = {'run_communicator.py': communicator, 'run_clock_sync.py': clock_sync, '
          'run_rules.py': rules, 'run_started.py': started, 'run_wire.py': wire,
          'run_train.py': train, 'run_nonfinite.py': nonfinite,
          'run_wire_train.py': wire_train, 'run_faults.py': faults,
+         'run_failing_together.py': failing_together,
          'run_overlap.py equiv': overlap_equiv}
 NOT_ALONE = {
     'run_overlap.py mismatch': 'needs k >= 2: bucket plans can only differ across ranks',

@@ -46,7 +46,7 @@ Two marks, each said one way:
 * raised on all ranks: the class derives from :class:`AllRanks`; such an error
   is found by every rank at the same point (after a collective), so the ranks
   may end normally instead of aborting the job (:func:`raised_on_all_ranks`,
-  confirmed by ``train/faults.stopped_together``).
+  confirmed by ``train/faults.failed_together``, and said once by rank 0).
 
 Nothing here imports anything of the package: every layer may import it.
 """

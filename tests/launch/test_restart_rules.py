@@ -38,6 +38,9 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
     (2, 'theanompi-ext: rank 0 of 2 failed: DataError: x', False, 'bad input'),
     (3, 'theanompi-ext: rank 0 of 2 failed: NonFiniteLoss: the loss is nan', False, 'diverged'),
     (3, 'theanompi-ext: rank 0 of 2 failed: DivergedState: x', False, 'diverged'),
+    # said once for every rank (train/faults.say_failure)
+    (3, 'theanompi-ext: all 64 ranks failed: NonFiniteLoss: the loss is nan', False, 'diverged'),
+    (3, 'theanompi-ext: ranks 0-31 of 64 failed: ReplicaMismatch: x', False, 'diverged'),
     (3, 'theanompi-ext: rank 1 of 2 failed: RuntimeError: a bug', False, 'exception on a rank'),
     (130, '', False, 'SIGINT'), (143, '', False, 'SIGTERM'), (129, '', False, 'SIGHUP'),
     (141, '', False, 'SIGPIPE'),    # its output's reader gone: a restart would meet it too
@@ -54,6 +57,14 @@ def test_the_rank_blamed_and_the_line_that_says_why():
     assert restarts.culprit(KILLED) == (1, 'hostb')
     assert restarts.culprit(TIMEOUT) == (1, 'hostb')
     assert restarts.culprit('theanompi-ext: rank 3 of 4 failed: RuntimeError: x') == (3, None)
+    # every rank, or several, failed alike: nobody is to blame
+    assert restarts.culprit('theanompi-ext: all 4 ranks failed: NonFiniteLoss: x') == (None, None)
+    assert restarts.culprit('theanompi-ext: ranks 0-2 of 4 failed: NonFiniteLoss: x') == (
+        None, None)
+    said = 'theanompi-ext: all 4 ranks failed: NonFiniteLoss: the loss is nan'
+    assert restarts.last_message('\n'.join([said, 'theanompi-ext: all 4 ranks (on h) ended the '
+                                             "job (exit status 3); rank 0's report above says "
+                                             'why'])) == said
     text = '\n'.join(['FAULT kill rank 1', 'theanompi-ext: warning: slow', KILLED,
                       'theanompi-ext: something after'])
     assert restarts.last_message(text) == KILLED

@@ -209,6 +209,7 @@ def test_two_ranks_with_different_sources_are_refused(tmp_path, edited_copy, mon
     theirs = ss.source_digest(str(edited_copy / 'theanompi_ext'))[:12]
     assert ours != theirs
     assert rc == EXIT_BAD_INPUT, stdout + stderr[-3000:]
+    # each rank's line names its own copy ([at ...]): rank 0 says both, one a line
     expected = ('rank 0 of 2 failed: SoftwareMismatch: the ranks do not all run the same '
                 'software: theanompi_ext %s, source %s (rank 0 on ' % (__version__, ours))
     assert expected in stderr, stderr[-3000:]

@@ -33,7 +33,8 @@ from .job_control import JobControl
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_keeper import LAUNCHER_HOST_VAR
-from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes, unfinished
+from .rank_notes import (RANKS_DIR_VAR, make_ranks_folder, rank_list, read_rank_notes,
+                         unfinished)
 from .reach import (LaunchWatch, explain_launch, not_started, proxy_program,
                     with_daemon_lost)
 from .start_watch import StartWatch, not_started_message
@@ -144,7 +145,7 @@ def _failed_notes(notes):
     return sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
 
 
-def _ended_by_ranks(status, report, notes, of, failed=None):
+def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
     """The launcher's line for a job that its own ranks ended (a rank's error or
     watchdog message above says why): ``failed`` when given, else the aborting
     rank (``report.aborted``), else the ranks whose notes say ``failed``, with
@@ -162,9 +163,14 @@ def _ended_by_ranks(status, report, notes, of, failed=None):
                                        host or 'an unknown host')
         return ('theanompi-ext: %s ended the job (exit status %d); its own line above says why'
                 % (who, status))
+    hosts = ', '.join(sorted({notes[r][1] for r in failed if r in notes}))
+    if len(notes) == len(failed) == (size or len(failed)):
+        # every rank failed at the same point (train/faults.say_failure): rank 0
+        # reported it for all
+        return ('theanompi-ext: all %d ranks (on %s) ended the job (exit status %d); rank '
+                "0's report above says why" % (len(failed), hosts, status))
     return ('theanompi-ext: ranks %s%s (on %s) ended the job (exit status %d); their own '
-            'lines above say why' % (', '.join(map(str, failed)), of,
-                                     ', '.join(sorted({notes[r][1] for r in failed})), status))
+            'lines above say why' % (rank_list(failed), of, hosts, status))
 
 
 def explain(status, report, notes, size=None, first_exit=None):
@@ -199,9 +205,9 @@ def explain(status, report, notes, size=None, first_exit=None):
         # that peer, whom prterun names (measured: 1 run in 3 of a crawling link).
         # The closed connection is the noted error's effect: that error is the story
         status = note_status(notes[failed[0]][2]) or status
-        return _ended_by_ranks(status, report, notes, of, failed), status
+        return _ended_by_ranks(status, report, notes, of, failed, size), status
     if report.pid is None:
-        return _ended_by_ranks(status, report, notes, of), status
+        return _ended_by_ranks(status, report, notes, of, size=size), status
     pid, host = report.pid, report.host
     rank = next((r for r, (p, _, _) in notes.items() if p == pid), report.rank)
     if not pid and rank in notes:          # Open MPI 4.x may say "PID 0"
@@ -210,7 +216,7 @@ def explain(status, report, notes, size=None, first_exit=None):
         # Open MPI: a rank ended without MPI_Finalize; one that had not finished
         # training is the silent case above, told the same way
         if rank is None:
-            return _ended_by_ranks(status, report, notes, of), status
+            return _ended_by_ranks(status, report, notes, of, size=size), status
         if not unfinished(notes.get(rank, (0, '', 'running'))[2]):
             return ('theanompi-ext: rank %d%s (pid %d on %s) exited without finalizing MPI '
                     'after it had finished training; mpiexec ended the job (exit status %d)'

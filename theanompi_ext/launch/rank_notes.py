@@ -29,6 +29,19 @@ RANKS_PREFIX = 'theanompi-ext-ranks-'
 _STALE = re.compile('^' + re.escape(RANKS_PREFIX) + r'(\d+)-')
 
 
+def rank_list(ranks):
+    """Ranks as a person reads them: ``[0, 1, 2, 3, 7]`` -> ``'0-3, 7'`` (runs of
+    three or more as a span, so that 256 ranks stay one short line)."""
+    ranks, spans = sorted(set(ranks)), []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ', '.join('%d-%d' % (a, b) if b - a >= 2 else
+                     ('%d, %d' % (a, b) if b > a else '%d' % a) for a, b in spans)
+
+
 def make_ranks_folder(tmpdir=None):
     """A new notes folder named for this launcher, after removing stale ones."""
     remove_stale_ranks_folders(tmpdir)

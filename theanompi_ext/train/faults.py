@@ -5,7 +5,10 @@ Exit statuses and the error classes: :mod:`theanompi_ext.errors`.
 Rank notes (``launch/rank_notes.py``): each rank records ``running``, ``done 0``
 or ``failed N`` for the launcher.
 """
+import collections
 import os
+import sys
+import threading
 
 from ..errors import RankMismatchError, raised_on_all_ranks
 from ..launch.rank_notes import RANKS_DIR_VAR, write_rank_note
@@ -123,10 +126,14 @@ def check_ranks_agree(trainer):
 _world = None
 #: How long a rank that failed with an error all ranks should raise waits for the others.
 AGREE_TIMEOUT_S = 10.0
+#: How long such a rank waits for that agreement before it says its own line
+#: anyway: a rank that failed otherwise aborts the job 0.5 s after its line
+#: (``worker.guarded``), and this rank's line must be out before then.
+SAY_ALONE_S = 0.25
 
 
 def prepare_agreement():
-    """Set up :func:`stopped_together` (collective: every rank at start-up, in
+    """Set up :func:`failed_together` (collective: every rank at start-up, in
     ``worker.guarded``); returns the job's communicator (``rank``, ``size``,
     ``abort``)."""
     global _world
@@ -157,25 +164,94 @@ def check_same_software(comm):
     check(comm, library_version())
 
 
-def stopped_together(exc, timeout_s=None):
-    """True when every rank stopped with an error marked
-    :class:`~theanompi_ext.errors.AllRanks` (so each can end normally); False
-    means this rank must abort the job.
+def say_failure(comm, exc, where=None):
+    """Say on standard error how this rank failed: ``rank R of N failed: Type:
+    message [at where]``, or, when every rank failed alike (an error marked
+    :class:`~theanompi_ext.errors.AllRanks`, confirmed by
+    :func:`failed_together`), rank 0's report for all (:func:`said_once`), so
+    that 256 ranks do not print 256 copies of one line.
 
-    An error is marked so when every rank finds it at the same point (after a collective: a non-finite loss, diverged replicas, ranks that
-    disagree). A checkpoint that only some ranks cannot read is marked so too;
-    trusting the mark would leave the other ranks waiting forever, so the ranks
-    confirm it with a barrier of their own, bounded by ``timeout_s``.
+    Returns True when this rank may end normally (one rank, or all failed
+    together), False when it must abort the job. A rank still waiting for the
+    agreement after :data:`SAY_ALONE_S` says its own line anyway (another rank
+    may be about to abort the job), and once only.
+    """
+    text = '%s: %s%s' % (type(exc).__name__, exc, ' [at %s]' % where if where else '')
+    own = _OwnLine('theanompi-ext: rank %d of %d failed: %s' % (comm.rank, comm.size, text))
+    if comm.size == 1 or not raised_on_all_ranks(exc):
+        own.say()
+        return comm.size == 1
+    timer = threading.Timer(SAY_ALONE_S, own.say)
+    timer.daemon = True
+    timer.start()
+    try:
+        lines = failed_together(exc, text)
+    finally:
+        timer.cancel()
+    if lines is None:
+        own.say()
+        return False
+    if comm.rank == 0:
+        for line in said_once(lines, comm.size):
+            _say(line)
+    return True
+
+
+class _OwnLine(object):
+    """A rank's own failure line, said at most once (by the timer or the rank)."""
+
+    def __init__(self, line):
+        self.line, self._lock, self._said = line, threading.Lock(), False
+
+    def say(self):
+        with self._lock:
+            if not self._said:
+                self._said = True
+                _say(self.line)
+
+
+def _say(line):
+    sys.stderr.write(line + '\n')
+    sys.stderr.flush()
+
+
+def failed_together(exc, line, timeout_s=None):
+    """Every rank's failure ``line`` (in rank order) when every rank stopped with
+    an error marked :class:`~theanompi_ext.errors.AllRanks`, so that each can end
+    normally and rank 0 can say it once (:func:`said_once`); None means this
+    rank must abort the job.
+
+    An error is marked so when every rank finds it at the same point (after a
+    collective: a non-finite loss, diverged replicas, ranks that disagree). A
+    checkpoint that only some ranks cannot read is marked so too; trusting the
+    mark would leave the other ranks waiting forever, so the ranks confirm it by
+    gathering their lines, bounded by ``timeout_s``.
     """
     if not raised_on_all_ranks(exc):
-        return False
+        return None
     if _world is None or _world.size == 1:
-        return True     # one rank, or guarded() was bypassed: trust the mark
+        return [line]   # one rank, or guarded() was bypassed: trust the mark
     from ..collective import CollectiveTimeout
     try:
-        _world.barrier(timeout_s=AGREE_TIMEOUT_S if timeout_s is None else timeout_s,
-                       label='agreement that every rank stopped with %s'
-                       % type(exc).__name__)
+        return _world.allgather_bounded(
+            line, AGREE_TIMEOUT_S if timeout_s is None else timeout_s,
+            label='agreement that every rank stopped with %s' % type(exc).__name__)
     except CollectiveTimeout:
-        return False
-    return True
+        return None
+
+
+def said_once(lines, size):
+    """What rank 0 says for ranks that failed together with ``lines`` (each rank's
+    ``Type: message``, :func:`failed_together`): one line when every rank says
+    the same (``all 64 ranks failed: ...``), else one line per different text,
+    naming its ranks (``ranks 0-31 of 64 failed: ...``), instead of a line from
+    each rank."""
+    from ..launch.rank_notes import rank_list
+    texts = collections.OrderedDict()
+    for rank, text in enumerate(lines):
+        texts.setdefault(text, []).append(rank)
+    if len(texts) == 1:
+        return ['theanompi-ext: all %d ranks failed: %s' % (size, lines[0])]
+    return ['theanompi-ext: rank%s %s of %d failed: %s'
+            % ('s' if len(ranks) > 1 else '', rank_list(ranks), size, text)
+            for text, ranks in texts.items()]

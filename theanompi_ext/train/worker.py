@@ -201,6 +201,9 @@ def guarded(fn):
         status = output_faults.CLOSED_STATUS if closed else exit_status(exc)
         stopped = isinstance(exc, StoppedToResume)
         faults.note_rank('%s %d' % ('stopped' if stopped else 'failed', status))
+        # An error every rank raised at the same point (found after a collective)
+        # ends each rank normally; anything else may have left other ranks
+        # inside a collective, so the whole job is aborted.
         if stopped:
             if comm.rank == 0:      # the same on every rank: said once
                 sys.stderr.write('theanompi-ext: %s (exit status %d)\n' % (exc, status))
@@ -213,20 +216,16 @@ def guarded(fn):
             # failure, and said as the launcher says it
             sys.stderr.write('theanompi-ext: %sstopped by SIGINT (exit status %d)\n'
                              % (who, status))
-        else:
+        if stopped or closed or isinstance(exc, KeyboardInterrupt):
+            together = faults.failed_together(exc, str(exc)) is not None
+        else:               # said once for the job when every rank failed alike
             from .error_location import error_location
-            where = error_location(exc)
-            sys.stderr.write('theanompi-ext: rank %d of %d failed: %s: %s%s\n'
-                             % (comm.rank, comm.size, type(exc).__name__, exc,
-                                ' [at %s]' % where if where else ''))
+            together = faults.say_failure(comm, exc, error_location(exc))
         sys.stderr.flush()
         if os.environ.get('THEANOMPI_EXT_TRACEBACK'):
             import traceback
             traceback.print_exc()
-        # An error every rank raised at the same point (found after a
-        # collective) ends each rank normally; anything else may have left
-        # other ranks inside a collective, so the whole job is aborted.
-        if comm.size > 1 and not faults.stopped_together(exc):
+        if comm.size > 1 and not together:
             import time
             time.sleep(0.5)   # let the launcher forward this rank's message first
             comm.abort(status)
