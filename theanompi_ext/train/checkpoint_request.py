@@ -26,6 +26,7 @@ script can requeue the job with ``--resume``.
 """
 import json
 import signal
+import time
 
 #: The signals that may ask for a checkpoint. The stop signals (INT, TERM,
 #: HUP) already end a run; KILL and STOP cannot be caught; the rest have a
@@ -34,6 +35,14 @@ SIGNALS = ('USR1', 'USR2')
 
 #: What a run does after the checkpoint a signal asked for.
 THEN = ('continue', 'stop')
+
+#: Seconds after the checkpoint a signal asked for in which the signal again is
+#: the same request: a scheduler may warn the ranks and the launcher at once, and
+#: the launcher's copy reaches each rank through mpiexec a little later (ms). One
+#: that came while that checkpoint was written is the same request too. Without
+#: this, a copy taken one step later wrote a second checkpoint (a write may take
+#: minutes, in the minutes a warning leaves).
+SAME_REQUEST_S = 2.0
 
 
 def canonical_name(name):
@@ -62,8 +71,10 @@ def number(name):
 
 
 class _Notes(object):
-    """The signals this process received since the last :func:`taken`."""
+    """The signals this process received since the last :func:`taken`, and when
+    (monotonic) the last checkpoint a signal asked for was written."""
     signum = None
+    answered_at = None
 
 
 _notes = _Notes()
@@ -140,13 +151,14 @@ def taken():
 def vote(comm, iteration, timeout_s, clock_due=False):
     """Every rank: ``(a signal asked, the clock ran out)``, the same on every rank.
 
-    Each rank's :func:`taken` note and ``clock_due`` (rank 0's checkpoint
-    clock, or False) are summed in one two-float allreduce, so the signal
-    reaching one rank is enough. The wait is bounded as a step's is
+    Each rank's :func:`taken` note (none within :data:`SAME_REQUEST_S` of the
+    last checkpoint a signal asked for: the same request) and ``clock_due``
+    (rank 0's checkpoint clock, or False) are summed in one two-float
+    allreduce, so the signal reaching one rank is enough. The wait is bounded as a step's is
     (``timeout_s``): a rank stopped here must not hang the others."""
     import numpy as np
     votes = np.zeros(2, np.float32)
-    votes[0] = 1 if taken() else 0
+    votes[0] = 1 if taken() and not _just_answered() else 0
     votes[1] = 1 if clock_due else 0
     with comm.bounded(iteration, 'checkpoint clock and signal', timeout_s,
                       'collective_timeout_s'):
@@ -163,9 +175,18 @@ def after_checkpoint(signum, then, iteration, path, finished, log, how='--resume
     if then == 'stop' and not finished:
         from ..errors import StoppedToResume
         raise StoppedToResume(signum, iteration, path, how)
+    taken()             # what came while it was written asked for this checkpoint
+    _notes.answered_at = time.monotonic()
     log('checkpoint of iteration %d written, as %s asked (%s)%s'
         % (iteration, signal.Signals(signum).name, path,
            '' if finished else '; training goes on'))
+
+
+def _just_answered():
+    """Whether a signal taken now is the one the last checkpoint answered
+    (:data:`SAME_REQUEST_S`)."""
+    return _notes.answered_at is not None and \
+        time.monotonic() - _notes.answered_at < SAME_REQUEST_S
 
 
 def _clear_pending(signum):
