@@ -1,5 +1,6 @@
 """``bench compare`` on emulated hosts and its statistics, and the emulated hosts'
 settings refused by name (no root, no MPI: fast)."""
+import re
 import subprocess
 import sys
 
@@ -9,8 +10,8 @@ from support.paths import ROOT
 from theanompi_ext.bench import compare, compare_stats, compare_verdicts
 from theanompi_ext.errors import EXIT_BAD_INPUT
 from theanompi_ext.launch.emulated_hosts import DEFAULT_QUEUE, EmulatedHosts
-from theanompi_ext.launch.emulated_network import (format_network, hosts_layout, hosts_queue,
-                                                   parse_network, tc_time)
+from theanompi_ext.launch.emulated_network import (format_network, hosts_layout, hosts_links,
+                                                   hosts_queue, parse_network, tc_time)
 
 
 def test_hosts_network_setting_parses():
@@ -28,9 +29,76 @@ def test_hosts_network_setting_with_a_queue():
     assert format_network(net) == 'hosts:2x2:200mbit:50ms'
     assert hosts_layout(net) == (2, 2, '200mbit') and hosts_queue(net) == '50ms'
     assert hosts_queue(parse_network('hosts:2x2:200mbit')) is None
-    for bad in ('hosts:2x2:200mbit:fast', 'hosts:2x2:200mbit:0ms', 'hosts:2x2:200mbit:50'):
+    for bad in ('hosts:2x2:200mbit:0ms', 'hosts:2x2:200mbit:50'):
         with pytest.raises(ValueError, match='queue of network'):
             parse_network(bad)
+    with pytest.raises(ValueError, match="'fast' is neither a queue"):
+        parse_network('hosts:2x2:200mbit:fast')
+
+
+def test_hosts_network_setting_with_loss_and_frames():
+    """--network takes what `bench hosts --loss --per-frame` takes, in any order
+    after RATE (emulated_hosts.run_on_hosts passes them to EmulatedHosts)."""
+    plain = {'queue': None, 'loss': 0.0, 'per_frame': False}
+    assert hosts_links(parse_network('hosts:2x2:200mbit')) == plain
+    for text, links in [
+            ('hosts:2x2:200mbit:loss=1%', dict(plain, loss=0.01)),
+            ('hosts:2x2:200mbit:loss=0.05:per-frame', dict(plain, loss=0.05, per_frame=True)),
+            ('hosts:4x1:1gbit:per-frame:50ms', dict(plain, queue='50ms', per_frame=True)),
+            ('hosts:2x2:200mbit:1s:loss=2.5%', dict(plain, queue='1s', loss=0.025))]:
+        net = parse_network(text)
+        assert hosts_links(net) == pytest.approx(links) and format_network(net) == text
+        assert hosts_layout(net)[2] in ('200mbit', '1gbit')
+        assert hosts_queue(net) == links['queue']
+    for bad, words in [
+            ('hosts:2x2:200mbit:loss=2', "write 2% for 2 percent"),
+            ('hosts:2x2:200mbit:loss=100%', 'below 1'),
+            ('hosts:2x2:200mbit:loss=', 'not a fraction'),
+            ('hosts:2x2:200mbit:loss=1%:loss=2%', 'its loss is given twice'),
+            ('hosts:2x2:200mbit:50ms:1s', 'its queue is given twice'),
+            ('hosts:2x2:200mbit:per-frame:per-frame', 'its per-frame is given twice'),
+            ('hosts:2x2:200mbit:perframe', "'perframe' is neither a queue"),
+            ('hosts:2x2:200mbit::50ms', 'unknown network')]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            parse_network(bad)
+
+
+def test_a_hosts_setting_makes_the_hosts_it_names(monkeypatch):
+    """run_on_hosts (every benchmark's --network hosts:...) builds EmulatedHosts with
+    the setting's layout, rate, queue, loss and frames, and runs the job on them."""
+    from theanompi_ext.launch import emulated_hosts, mpiexec
+    made, ran = [], []
+
+    class Hosts(object):
+        hostfile, mpiexec = '/tmp/hosts', 'mpiexec-on-hosts'
+
+        def __init__(self, *args, **kw):
+            made.append((args, kw))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def env(self, env):
+            return dict(env, ON_HOSTS='1')
+
+    monkeypatch.setattr(emulated_hosts, 'EmulatedHosts', Hosts)
+    monkeypatch.setattr(mpiexec, 'popen_job', lambda cmd, env: ran.append((cmd, env)) or 'job')
+    monkeypatch.setattr(mpiexec, 'wait_job', lambda job, timeout: 0 if job == 'job' else 1)
+    for text, kw in [
+            ('hosts:2x2:200mbit', dict(queue=DEFAULT_QUEUE, loss=None, per_frame=False)),
+            ('hosts:4x1:1gbit:loss=1%:per-frame:50ms', dict(queue='50ms', loss=0.01,
+                                                            per_frame=True))]:
+        del made[:], ran[:]
+        assert emulated_hosts.run_on_hosts(['python', 'x.py'], parse_network(text),
+                                           {'A': 'b'}) == 0
+        h, r, rate = hosts_layout(parse_network(text))
+        assert made == [((h, r, rate), kw)]
+        (cmd, env), = ran
+        assert cmd[0] == 'mpiexec-on-hosts' and cmd[-2:] == ['python', 'x.py']
+        assert env == {'A': 'b', 'ON_HOSTS': '1'}
 
 
 def test_tc_times_and_the_emulated_hosts_settings_refused_by_name():

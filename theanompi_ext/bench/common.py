@@ -16,9 +16,11 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
     p.add_argument('--network', action='append', default=None, metavar='NET',
                    help="network between the ranks: 'shm' (shared memory, default) or "
                         "'tbf:RATE', TCP in a network namespace shaped to RATE, e.g. tbf:%s, or "
-                        "'hosts:HxR:RATE[:QUEUE]', H emulated hosts of R ranks, shared memory "
-                        "within a host and RATE between hosts, e.g. hosts:2x2:200mbit (QUEUE: how "
-                        "long a packet may wait at a link, default 1s, lossless; 50ms drops) "
+                        "'hosts:HxR:RATE[:QUEUE][:loss=P][:per-frame]', H emulated hosts of R "
+                        "ranks, shared memory within a host and RATE between hosts, e.g. "
+                        "hosts:2x2:200mbit (QUEUE: how long a packet may wait at a link, default "
+                        "1s, lossless; 50ms drops; loss=1%%%%: each packet lost with that "
+                        "chance, each way; per-frame: a packet per frame, as on a wire) "
                         "(both need root); "
                         "repeat to measure several" % network_example)
     p.add_argument('--json', default='', metavar='FILE', type=output_path, help=json_help)

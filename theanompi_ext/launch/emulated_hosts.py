@@ -59,7 +59,7 @@ import tempfile
 
 from .. import output_faults, stop_signals
 from .awake import wait_awake
-from .emulated_network import (DEFAULT_BURST, NetworkSetupError, hosts_layout, hosts_queue,
+from .emulated_network import (DEFAULT_BURST, NetworkSetupError, hosts_layout, hosts_links,
                                delete_namespace, namespaces, netns_problem, tbf_link, tc_time)
 from ..files.stale import pid_alive
 from .hostlists import format_hostfile
@@ -136,7 +136,9 @@ def run_on_hosts(argv, net, env, timeout=None):
     """
     from .mpiexec import mpiexec_command, popen_job, wait_job
     hosts, per_host, rate = hosts_layout(net)
-    with EmulatedHosts(hosts, per_host, rate, queue=hosts_queue(net) or DEFAULT_QUEUE) as eh:
+    links = hosts_links(net)
+    with EmulatedHosts(hosts, per_host, rate, queue=links['queue'] or DEFAULT_QUEUE,
+                       loss=links['loss'] or None, per_frame=links['per_frame']) as eh:
         cmd = mpiexec_command(hosts * per_host, argv, hostfile=eh.hostfile,
                               mpiexec=eh.mpiexec)
         return wait_job(popen_job(cmd, eh.env(env)), timeout)

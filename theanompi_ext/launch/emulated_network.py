@@ -5,12 +5,14 @@ A *network setting* is what ``--network`` takes, parsed into a
 
 ``shm``          the ranks on this machine, MPI over shared memory (nothing
                  is emulated; the job runs as it is).
-``hosts:HxR:RATE[:QUEUE]`` e.g. ``hosts:2x2:200mbit``: H emulated hosts of R
-                 ranks (:mod:`.emulated_hosts`: shared memory within a host,
-                 TCP between hosts, each host's link shaped to RATE, with a
-                 queue of QUEUE, a tc time such as 50ms: its default is
-                 lossless); the ``rate`` field holds ``HxR:RATE[:QUEUE]``
-                 (:func:`hosts_layout`).
+``hosts:HxR:RATE[:QUEUE][:loss=P][:per-frame]`` e.g. ``hosts:2x2:200mbit``:
+                 H emulated hosts of R ranks (:mod:`.emulated_hosts`: shared
+                 memory within a host, TCP between hosts, each host's link
+                 shaped to RATE, with a queue of QUEUE, a tc time such as
+                 50ms: its default is lossless; losing P of the packets each
+                 way, a fraction or N%, each packet a frame with
+                 ``per-frame``: :mod:`.link_loss`); the ``rate`` field holds
+                 ``HxR:RATE[:...]`` (:func:`hosts_layout`, :func:`hosts_links`).
 ``tbf:RATE``     e.g. ``tbf:200mbit``: the ranks run inside a fresh network
                  namespace whose loopback is rate-limited by the ``tbf``
                  queueing discipline (:class:`RateLimitedNamespace`), and
@@ -86,15 +88,14 @@ def parse_network(text):
     kind, _, rate = text.partition(':')
     if kind == 'tbf' and re.fullmatch(RATE_RE, rate or ''):
         return Network('tbf', rate)
-    if kind == 'hosts' and re.fullmatch(r'[1-9]\d*x[1-9]\d*:' + RATE_RE + r'(:[^:]+)?',
+    if kind == 'hosts' and re.fullmatch(r'[1-9]\d*x[1-9]\d*:' + RATE_RE + r'(:[^:]+)*',
                                         rate or ''):
         net = Network('hosts', rate)
-        if hosts_queue(net) is not None:
-            tc_time(hosts_queue(net), 'the queue of network %r' % text)
+        hosts_links(net, text)          # each field after RATE checked, by name
         return net
     raise ValueError("unknown network %r: use 'shm', 'tbf:RATE' (e.g. tbf:200mbit) or "
-                     "'hosts:HxR:RATE[:QUEUE]' (e.g. hosts:2x2:200mbit, hosts:2x2:200mbit:50ms)"
-                     % text)
+                     "'hosts:HxR:RATE[:QUEUE][:loss=P][:per-frame]' (e.g. hosts:2x2:200mbit, "
+                     "hosts:2x2:200mbit:50ms, hosts:2x2:200mbit:loss=1%%:per-frame)" % text)
 
 
 def hosts_layout(net):
@@ -108,8 +109,34 @@ def hosts_layout(net):
 def hosts_queue(net):
     """The link queue of a 'hosts' setting (``'50ms'`` of ``hosts:2x2:200mbit:50ms``),
     or None: the emulated hosts' default."""
-    parts = net[1].split(':')
-    return parts[2] if len(parts) > 2 else None
+    return hosts_links(net)['queue']
+
+
+def hosts_links(net, text=None):
+    """``{'queue': tc time or None, 'loss': fraction, 'per_frame': bool}`` of a
+    'hosts' setting's fields after RATE, in any order: a tc time is the queue
+    (``50ms``), ``loss=P`` the fraction of packets lost each way (``loss=1%``,
+    ``loss=0.01``), ``per-frame`` a packet per frame. Anything else, or a field
+    given twice, is a ValueError naming it and the setting (``text``)."""
+    from .link_loss import parse_loss
+    what = 'network %r' % (text or format_network(net))
+    links, seen = {'queue': None, 'loss': 0.0, 'per_frame': False}, set()
+    for field in net[1].split(':')[2:]:
+        if field == 'per-frame':
+            key, value = 'per_frame', True
+        elif field.startswith('loss='):
+            key, value = 'loss', parse_loss(field[5:], 'the loss of %s' % what)
+        elif re.fullmatch(r'[0-9.]+[a-z]*', field):
+            tc_time(field, 'the queue of %s' % what)     # its own words when not a time
+            key, value = 'queue', field
+        else:
+            raise ValueError('%s: %r is neither a queue (a tc time such as 50ms), nor loss=P '
+                             '(a fraction or N%%), nor per-frame' % (what, field))
+        if key in seen:
+            raise ValueError('%s: its %s is given twice' % (what, key.replace('_', '-')))
+        seen.add(key)
+        links[key] = value
+    return links
 
 
 def format_network(net):
@@ -233,5 +260,5 @@ def run_on_network(cmd, net, env, timeout=None):
 
 __all__ = ['DEFAULT_BURST', 'DEFAULT_LATENCY', 'Network', 'NetworkSetupError', 'TCP_ENV',
            'RateLimitedNamespace', 'delete_namespace', 'format_network', 'hosts_layout',
-           'hosts_queue', 'namespace_name', 'namespaces', 'netns_problem', 'parse_network',
-           'run_on_network', 'tbf_link', 'tc_time']
+           'hosts_links', 'hosts_queue', 'namespace_name', 'namespaces', 'netns_problem',
+           'parse_network', 'run_on_network', 'tbf_link', 'tc_time']
