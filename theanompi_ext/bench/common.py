@@ -21,8 +21,7 @@ def add_common_options(p, network_example, timeout_s, json_help='write the resul
                         "hosts:2x2:200mbit (QUEUE: how long a packet may wait at a link, default "
                         "1s, lossless; 50ms drops; loss=1%%%%: each packet lost with that "
                         "chance, each way; per-frame: a packet per frame, as on a wire) "
-                        "(both need root); "
-                        "repeat to measure several" % network_example)
+                        "(tbf and hosts need root); repeat to measure several" % network_example)
     p.add_argument('--json', default='', metavar='FILE', type=output_path, help=json_help)
     p.add_argument('--timeout', type=float, default=timeout_s, metavar='S',
                    help='%s still running after this many seconds is stopped (default '
