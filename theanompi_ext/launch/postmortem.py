@@ -122,8 +122,8 @@ def _peer_lost(lost, notes, of):
     if len(gone) == 1:
         who = 'rank %d%s (pid %d on %s)' % (gone[0], of, notes[gone[0]][0], notes[gone[0]][1])
     else:
-        who = 'a rank on %s%s' % (host or 'another host', ' (one of ranks %s)' % ', '.join(
-            map(str, gone)) if gone else '')
+        who = 'a rank on %s%s' % (host or 'another host',
+                                  ' (one of ranks %s)' % rank_list(gone) if gone else '')
     words = 'peer process has unexpectedly disconnected' if host else \
         'An error occurred in Socket closed'
     return ('theanompi-ext: %s died: a rank on %s saw its connection closed (Open MPI: "%s"); '
