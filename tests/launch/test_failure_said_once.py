@@ -76,6 +76,14 @@ def test_no_agreement_says_the_own_line_once_and_aborts(world, capsys):
     assert capsys.readouterr().err == 'theanompi-ext: rank 1 of 2 failed: %s\n' % TEXT
 
 
+def test_an_agreement_that_fails_otherwise_is_no_agreement(world, capsys, monkeypatch):
+    # MPI's own error (a peer gone) instead of the bound's timeout: abort, line said
+    comm = world(1, 2, [TEXT] * 2)
+    monkeypatch.setattr(comm, 'allgather_bounded', lambda *a, **k: 1 / 0)
+    assert faults.say_failure(comm, NAN, 'step.py:9 in f') is False
+    assert capsys.readouterr().err == 'theanompi-ext: rank 1 of 2 failed: %s\n' % TEXT
+
+
 def test_a_slow_agreement_has_the_own_line_said_first_and_once(world, capsys, monkeypatch):
     monkeypatch.setattr(faults, 'SAY_ALONE_S', 0.05)
     said = []

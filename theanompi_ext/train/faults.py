@@ -231,13 +231,12 @@ def failed_together(exc, line, timeout_s=None):
         return None
     if _world is None or _world.size == 1:
         return [line]   # one rank, or guarded() was bypassed: trust the mark
-    from ..collective import CollectiveTimeout
     try:
         return _world.allgather_bounded(
             line, AGREE_TIMEOUT_S if timeout_s is None else timeout_s,
             label='agreement that every rank stopped with %s' % type(exc).__name__)
-    except CollectiveTimeout:
-        return None
+    except Exception:       # noqa: B902 - a timeout, or MPI's error (a peer gone): no
+        return None         # agreement, and this rank must still end the job
 
 
 def said_once(lines, size):
