@@ -91,7 +91,7 @@ def parse_network(text):
     if kind == 'hosts' and re.fullmatch(r'[1-9]\d*x[1-9]\d*:' + RATE_RE + r'(:[^:]+)*',
                                         rate or ''):
         net = Network('hosts', rate)
-        hosts_links(net, text)          # each field after RATE checked, by name
+        hosts_links(net)                # each field after RATE checked, by name
         return net
     raise ValueError("unknown network %r: use 'shm', 'tbf:RATE' (e.g. tbf:200mbit) or "
                      "'hosts:HxR:RATE[:QUEUE][:loss=P][:per-frame]' (e.g. hosts:2x2:200mbit, "
@@ -112,14 +112,14 @@ def hosts_queue(net):
     return hosts_links(net)['queue']
 
 
-def hosts_links(net, text=None):
+def hosts_links(net):
     """``{'queue': tc time or None, 'loss': fraction, 'per_frame': bool}`` of a
     'hosts' setting's fields after RATE, in any order: a tc time is the queue
     (``50ms``), ``loss=P`` the fraction of packets lost each way (``loss=1%``,
     ``loss=0.01``), ``per-frame`` a packet per frame. Anything else, or a field
-    given twice, is a ValueError naming it and the setting (``text``)."""
+    given twice, is a ValueError naming it and the setting."""
     from .link_loss import parse_loss
-    what = 'network %r' % (text or format_network(net))
+    what = 'network %r' % format_network(net)
     links, seen = {'queue': None, 'loss': 0.0, 'per_frame': False}, set()
     for field in net[1].split(':')[2:]:
         if field == 'per-frame':

@@ -204,6 +204,7 @@ def guarded(fn):
         # An error every rank raised at the same point (found after a collective)
         # ends each rank normally; anything else may have left other ranks
         # inside a collective, so the whole job is aborted.
+        together = None
         if stopped:
             if comm.rank == 0:      # the same on every rank: said once
                 sys.stderr.write('theanompi-ext: %s (exit status %d)\n' % (exc, status))
@@ -216,11 +217,11 @@ def guarded(fn):
             # failure, and said as the launcher says it
             sys.stderr.write('theanompi-ext: %sstopped by SIGINT (exit status %d)\n'
                              % (who, status))
-        if stopped or closed or isinstance(exc, KeyboardInterrupt):
-            together = faults.failed_together(exc, str(exc)) is not None
         else:               # said once for the job when every rank failed alike
             from .error_location import error_location
             together = faults.say_failure(comm, exc, error_location(exc))
+        if together is None:
+            together = faults.failed_together(exc, str(exc)) is not None
         sys.stderr.flush()
         if os.environ.get('THEANOMPI_EXT_TRACEBACK'):
             import traceback
