@@ -1,4 +1,5 @@
-"""``theanompi-ext hostfile``: SLURM's and LSF's host lists as hostfiles (launch/hostlists.py)."""
+"""``theanompi-ext hostfile``: SLURM's, LSF's, PBS's and Grid Engine's host lists as
+hostfiles (launch/hostlists.py)."""
 import os
 import stat
 
@@ -7,7 +8,8 @@ import pytest
 from theanompi_ext.cli.commands import main
 from theanompi_ext.errors import BadInput
 from theanompi_ext.launch.hostlists import (HostfileError, check_line_ends, format_hostfile,
-                                            from_lsf, from_slurm, read_hostfile,
+                                            from_lsf, from_pbs, from_sge, from_slurm,
+                                            read_hostfile,
                                             slot_warnings, slurm_tasks_per_node)
 
 
@@ -35,6 +37,40 @@ def test_from_lsf_either_variable():
         from_lsf({'LSB_MCPU_HOSTS': 'hA 2 hB'})
     with pytest.raises(BadInput, match='LSF job'):
         from_lsf({})
+
+
+def test_from_pbs_a_host_per_slot(tmp_path):
+    nodes = tmp_path / 'nodes'
+    # Torque's file: a host once per slot; a run is one entry, a later run another
+    nodes.write_text('n01\nn01\nn02\nn02 \n\nn02\nn01\n')
+    assert from_pbs({'PBS_NODEFILE': str(nodes)}) == [('n01', 2), ('n02', 3), ('n01', 1)]
+    with pytest.raises(BadInput, match='PBS_NODEFILE is not set: run inside a PBS job'):
+        from_pbs({})
+    with pytest.raises(BadInput, match=r'PBS_NODEFILE=%s: cannot read it \(No such file'
+                       % (tmp_path / 'gone')):
+        from_pbs({'PBS_NODEFILE': str(tmp_path / 'gone')})
+    (tmp_path / 'empty').write_text('\n')
+    with pytest.raises(BadInput, match='names no host'):
+        from_pbs({'PBS_NODEFILE': str(tmp_path / 'empty')})
+
+
+def test_from_sge_host_slots_queue_processors(tmp_path):
+    pe = tmp_path / 'pe_hostfile'
+    # a host in two queues: its slots add up, at its first place
+    pe.write_text('node01.cl 4 all.q@node01.cl UNDEFINED\n'
+                  'node02.cl 2 all.q@node02.cl <NULL>\n'
+                  'node01.cl 1 long.q@node01.cl UNDEFINED\n\n')
+    assert from_sge({'PE_HOSTFILE': str(pe)}) == [('node01.cl', 5), ('node02.cl', 2)]
+    for bad in ('node01.cl\n', 'node01.cl four all.q UNDEFINED\n', 'node01.cl 0 all.q x\n'):
+        pe.write_text('node00 1 all.q x\n' + bad)
+        with pytest.raises(BadInput, match=r'PE_HOSTFILE=%s, line 2: .*"host slots queue '
+                           r'processors"' % pe):
+            from_sge({'PE_HOSTFILE': str(pe)})
+    with pytest.raises(BadInput, match='PE_HOSTFILE is not set: run inside a Grid Engine'):
+        from_sge({})
+    pe.write_text('')
+    with pytest.raises(BadInput, match='names no host'):
+        from_sge({'PE_HOSTFILE': str(pe)})
 
 
 def test_formats():
@@ -134,3 +170,37 @@ def test_the_command_runs_scontrol(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv('LSB_HOSTS', raising=False)
     assert main(['hostfile', '--from-lsf']) == 2
     assert 'LSF job' in capsys.readouterr().err
+
+
+def test_the_command_reads_pbs_and_sge_files(tmp_path, monkeypatch, capsys):
+    (tmp_path / 'nodes').write_text('a\na\nb\n')
+    monkeypatch.setenv('PBS_NODEFILE', str(tmp_path / 'nodes'))
+    assert main(['hostfile', '--from-pbs', '--format', 'openmpi']) == 0
+    assert capsys.readouterr().out == 'a slots=2\nb slots=1\n'
+    (tmp_path / 'pe').write_text('c 3 all.q@c UNDEFINED\n')
+    monkeypatch.setenv('PE_HOSTFILE', str(tmp_path / 'pe'))
+    assert main(['hostfile', '--from-sge']) == 0
+    assert capsys.readouterr().out == 'c:3\n'
+    monkeypatch.delenv('PE_HOSTFILE')
+    assert main(['hostfile', '--from-sge']) == 2
+    assert 'PE_HOSTFILE is not set' in capsys.readouterr().err
+
+
+def test_out_is_whole_or_left_as_it_was(tmp_path, monkeypatch, capsys):
+    """--out goes through files/atomic: a hostfile that cannot be read, or a
+    folder where it cannot be written, leaves an older file there as it was,
+    and no temporary beside it."""
+    (tmp_path / 'nodes').write_text('a\nb\n')
+    monkeypatch.setenv('PBS_NODEFILE', str(tmp_path / 'nodes'))
+    out = tmp_path / 'hosts'
+    assert main(['hostfile', '--from-pbs', '--out', str(out)]) == 0
+    assert out.read_text() == 'a:1\nb:1\n'
+    monkeypatch.setenv('PBS_NODEFILE', str(tmp_path / 'gone'))
+    assert main(['hostfile', '--from-pbs', '--out', str(out)]) == 2
+    assert 'cannot read it' in capsys.readouterr().err
+    assert out.read_text() == 'a:1\nb:1\n'
+    monkeypatch.setenv('PBS_NODEFILE', str(tmp_path / 'nodes'))
+    assert main(['hostfile', '--from-pbs', '--out', str(tmp_path / 'no' / 'hosts')]) == 3
+    err = capsys.readouterr().err
+    assert 'theanompi-ext hostfile: error: ' in err and str(tmp_path / 'no' / 'hosts') in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hosts', 'nodes']

@@ -48,6 +48,20 @@ def fault_line(err):
     return int(m.group(1)), float(m.group(2)), int(m.group(3))
 
 
+def signalled_when(job, ready, what, sig):
+    """Once ``ready()`` (within 120 s, the job still running), ``sig`` to the
+    launcher; (seconds until every process of the job was gone or None, its exit
+    status). Whatever happens, nothing of the job is left (``job.finish``)."""
+    try:
+        wait_for(lambda: ready() or job.proc.poll() is not None, 120, what)
+        assert job.proc.poll() is None, job.err()[-3000:]
+        os.kill(job.proc.pid, sig)
+        took = job.gone_within(20)
+        return took, job.wait()
+    finally:
+        job.finish()
+
+
 def cli(*argv, timeout=60):
     return subprocess.run(CLI + [str(a) for a in argv], capture_output=True, text=True,
                           timeout=timeout)
@@ -102,6 +116,26 @@ def test_signal_to_launcher_stops_every_rank(tmp_path, sig):
                     checkpoint_every=1, eval_every=1000, quiet=True, out=str(out), resume=True)
     outdir.prepare(c).release()
     assert not temporaries(out)
+
+
+@pytest.mark.parametrize('sig', [signal.SIGQUIT, signal.SIGUSR2],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_signal_not_caught_ends_every_rank_with_the_launcher(tmp_path, sig):
+    """A signal the launcher does not catch and whose default ends a process
+    (Ctrl-\\'s SIGQUIT; SIGUSR2 without --checkpoint-signal, as a scheduler's
+    warning to a job that did not ask for one) ends the launcher at once, and the
+    job goes as for SIGKILL: mpiexec follows it (PR_SET_PDEATHSIG), then every
+    rank; the last checkpoint verifies. No core file: ulimit -c 0."""
+    out = tmp_path / 'run'
+    job = Job(['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"'] + CLI + LONG + ['--out', str(out)],
+              tmp_path)
+    took, rc = signalled_when(job, (out / checkpoint.PREV_FILENAME).exists,
+                              'the first checkpoints', sig)
+    print('\n%s to the launcher -> every process of the job gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    assert took is not None and took < 8, took
+    assert rc == -sig, (rc, job.err()[-3000:])
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
 
 
 def test_closed_output_stops_every_rank(tmp_path):
@@ -242,16 +276,9 @@ def test_signal_during_checkpoint_write(tmp_path, sig):
                      max_steps=0, epochs=1000)
     job = Job(explained(mpi_cmd(2, 'run_faults.py', path, tmp_path, 'slowwrite', 0, 3, 1.0), 2),
               tmp_path)
-    try:
-        wait_for(lambda: 'FAULT slowwrite' in job.err() or job.proc.poll() is not None,
-                 120, 'the slow write')
-        assert job.proc.poll() is None, job.err()[-3000:]
-        _, _, writing = fault_line(job.err())
-        os.kill(job.proc.pid, sig)
-        took = job.gone_within(20)
-        rc = job.wait()
-    finally:
-        job.finish()
+    took, rc = signalled_when(job, lambda: 'FAULT slowwrite' in job.err(), 'the slow write',
+                              sig)
+    _, _, writing = fault_line(job.err())
     print('\n%s to the launcher during a write -> every process gone in %s s'
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took

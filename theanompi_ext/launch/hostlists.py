@@ -3,16 +3,20 @@
 SLURM gives a compressed node list (``$SLURM_JOB_NODELIST``, expanded by
 ``scontrol show hostnames``) and the tasks per node
 (``$SLURM_TASKS_PER_NODE``, e.g. ``2(x3),1``); LSF gives ``$LSB_MCPU_HOSTS``
-(``hostA 2 hostB 2``) or ``$LSB_HOSTS`` (one word per slot). Both become
-``[(host, slots), ...]`` in the scheduler's order, written as MPICH's
-(``host:slots``) or Open MPI's (``host slots=N``) hostfile.
+(``hostA 2 hostB 2``) or ``$LSB_HOSTS`` (one word per slot); PBS (Torque,
+OpenPBS, PBS Pro) a file named by ``$PBS_NODEFILE``, a host per line once per
+slot; Grid Engine (SGE, UGE, OGS) a file named by ``$PE_HOSTFILE``, a line
+``host slots queue processors`` per host. Each becomes ``[(host, slots),
+...]`` in the scheduler's order, written (atomically, with ``--out``) as
+MPICH's (``host:slots``) or Open MPI's (``host slots=N``) hostfile.
 """
 import os
 import re
 import subprocess
 import sys
 
-from ..errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, BadInput, WriteError
+from ..files.atomic import write_atomic
 
 
 def slurm_tasks_per_node(text):
@@ -72,6 +76,66 @@ def from_lsf(environ=None):
     if not words:
         raise BadInput('neither LSB_MCPU_HOSTS nor LSB_HOSTS is set: run inside an LSF job')
     return _merged((w, 1) for w in words)
+
+
+def _job_file(env, var, scheduler):
+    """The text of the file a scheduler names in ``env[var]``; BadInput saying why not."""
+    path = env.get(var)
+    if not path:
+        raise BadInput('%s is not set: run inside a %s job' % (var, scheduler))
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput('%s=%s: cannot read it (%s)'
+                       % (var, path, getattr(exc, 'strerror', None) or exc))
+
+
+def from_pbs(environ=None):
+    """``[(host, slots)]`` of the PBS job (Torque, OpenPBS, PBS Pro): the file
+    ``$PBS_NODEFILE`` names a host once per slot, a line each; a run of the same
+    host is one entry, in the file's order (as ``LSB_HOSTS``)."""
+    env = os.environ if environ is None else environ
+    words = _job_file(env, 'PBS_NODEFILE', 'PBS').split()
+    if not words:
+        raise BadInput('PBS_NODEFILE=%s names no host' % env['PBS_NODEFILE'])
+    return _merged((w, 1) for w in words)
+
+
+def from_sge(environ=None):
+    """``[(host, slots)]`` of the Grid Engine job (SGE, UGE, OGS): each line of the
+    file ``$PE_HOSTFILE`` is ``host slots queue processors``; the slots of a host
+    named on several lines (several queues) add up, in the file's order."""
+    env = os.environ if environ is None else environ
+    path = env.get('PE_HOSTFILE')
+    pairs = []
+    for number, line in enumerate(_job_file(env, 'PE_HOSTFILE', 'Grid Engine parallel')
+                                  .splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        if len(words) < 2 or not (words[1].isdigit() and int(words[1]) >= 1):
+            raise BadInput('PE_HOSTFILE=%s, line %d: %r: expected "host slots queue '
+                           'processors", slots a whole number >= 1' % (path, number, line))
+        pairs.append((words[0], int(words[1])))
+    if not pairs:
+        raise BadInput('PE_HOSTFILE=%s names no host' % path)
+    merged = {}
+    for host, n in pairs:
+        merged[host] = merged.get(host, 0) + n
+    return list(merged.items())
+
+
+#: ``hostfile``'s sources: option -> (reader, what it reads), for the help and main.
+SOURCES = {
+    'from_slurm': (from_slurm, 'read SLURM_JOB_NODELIST (through scontrol) and '
+                               'SLURM_TASKS_PER_NODE'),
+    'from_lsf': (from_lsf, 'read LSB_MCPU_HOSTS, or LSB_HOSTS when that is unset'),
+    'from_pbs': (from_pbs, 'read the file $PBS_NODEFILE (Torque, OpenPBS, PBS Pro: a '
+                           'host per slot)'),
+    'from_sge': (from_sge, 'read the file $PE_HOSTFILE (Grid Engine: "host slots queue '
+                           'processors" per line)'),
+}
 
 
 def _merged(pairs):
@@ -201,33 +265,34 @@ def format_hostfile(hosts, flavour='mpich'):
 def register(sub):
     """Add the ``hostfile`` sub-command."""
     p = sub.add_parser('hostfile', help="a batch scheduler's hosts as an MPI hostfile",
-                       description="Write the hosts of the current SLURM or LSF job as a "
-                                   "hostfile for train --hostfile (docs/multinode.md).")
+                       description="Write the hosts of the current SLURM, LSF, PBS or Grid "
+                                   "Engine job as a hostfile for train --hostfile "
+                                   "(docs/multinode.md).")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument('--from-slurm', action='store_true',
-                     help='read SLURM_JOB_NODELIST (through scontrol) and '
-                          'SLURM_TASKS_PER_NODE')
-    src.add_argument('--from-lsf', action='store_true',
-                     help='read LSB_MCPU_HOSTS, or LSB_HOSTS when that is unset')
+    for dest, (_, text) in SOURCES.items():
+        src.add_argument('--' + dest.replace('_', '-'), dest=dest, action='store_true',
+                         help=text)
     p.add_argument('--format', choices=('mpich', 'openmpi'), default='mpich',
                    help="the launcher's syntax: host:N (mpich) or host slots=N (openmpi) "
                         "(default mpich)")
     p.add_argument('--out', default=None, metavar='FILE',
-                   help='write the hostfile here instead of standard output')
+                   help='write the hostfile here (whole or not at all) instead of '
+                        'standard output')
     p.set_defaults(func=main)
 
 
 def main(args):
-    """Print or write the hostfile; status 2 with the reason when there is none."""
+    """Print or write the hostfile; status 2 with the reason when the job's hosts
+    cannot be read, 3 when ``--out`` cannot be written (an older file there is
+    then left as it was)."""
+    read = next(reader for dest, (reader, _) in SOURCES.items() if getattr(args, dest))
     try:
-        hosts = from_slurm() if args.from_slurm else from_lsf()
-    except BadInput as exc:
+        text = format_hostfile(read(), args.format)
+        if args.out:
+            write_atomic(args.out, text.encode(), 'the hostfile')
+    except (BadInput, WriteError) as exc:
         sys.stderr.write('theanompi-ext hostfile: error: %s\n' % exc)
-        return EXIT_BAD_INPUT
-    text = format_hostfile(hosts, args.format)
-    if args.out:
-        with open(args.out, 'w') as fh:
-            fh.write(text)
-    else:
+        return EXIT_FAILED if isinstance(exc, WriteError) else EXIT_BAD_INPUT
+    if not args.out:
         sys.stdout.write(text)
     return EXIT_OK
