@@ -9,7 +9,7 @@ from theanompi_ext.cli.commands import main
 from theanompi_ext.errors import BadInput
 from theanompi_ext.launch.hostlists import (HostfileError, check_line_ends, format_hostfile,
                                             from_lsf, from_pbs, from_sge, from_slurm,
-                                            read_hostfile,
+                                            job_source, read_hostfile,
                                             slot_warnings, slurm_tasks_per_node)
 
 
@@ -204,3 +204,35 @@ def test_out_is_whole_or_left_as_it_was(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert 'theanompi-ext hostfile: error: ' in err and str(tmp_path / 'no' / 'hosts') in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ['hosts', 'nodes']
+
+
+def test_the_job_tells_its_scheduler():
+    assert job_source({'SLURM_JOB_NODELIST': 'n[1-2]', 'HOME': '/h'}) == 'from_slurm'
+    assert job_source({'SLURM_NODELIST': 'n1'}) == 'from_slurm'
+    assert job_source({'LSB_HOSTS': 'a a'}) == 'from_lsf'
+    assert job_source({'PBS_NODEFILE': '/var/spool/pbs/aux/1'}) == 'from_pbs'
+    # an empty variable is no job
+    assert job_source({'PE_HOSTFILE': '/tmp/pe', 'LSB_HOSTS': ''}) == 'from_sge'
+    with pytest.raises(BadInput, match=r'not inside a batch job: none of SLURM_JOB_NODELIST, '
+                       r'SLURM_NODELIST, LSB_MCPU_HOSTS, LSB_HOSTS, PBS_NODEFILE, PE_HOSTFILE'):
+        job_source({'HOME': '/h'})
+    with pytest.raises(BadInput, match=r'several schedulers are set \(SLURM_JOB_NODELIST; '
+                       r'PBS_NODEFILE\): choose with --from-slurm or --from-pbs'):
+        job_source({'SLURM_JOB_NODELIST': 'n1', 'PBS_NODEFILE': '/x'})
+
+
+def test_the_command_without_a_source_reads_the_jobs(tmp_path, monkeypatch, capsys):
+    for names in ('SLURM_JOB_NODELIST', 'SLURM_NODELIST', 'LSB_MCPU_HOSTS', 'LSB_HOSTS',
+                  'PBS_NODEFILE', 'PE_HOSTFILE'):
+        monkeypatch.delenv(names, raising=False)
+    assert main(['hostfile']) == 2
+    assert 'not inside a batch job' in capsys.readouterr().err
+    (tmp_path / 'nodes').write_text('a\nb\nb\n')
+    monkeypatch.setenv('PBS_NODEFILE', str(tmp_path / 'nodes'))
+    assert main(['hostfile', '--format', 'openmpi']) == 0
+    assert capsys.readouterr().out == 'a slots=1\nb slots=2\n'
+    monkeypatch.setenv('LSB_MCPU_HOSTS', 'c 4')
+    assert main(['hostfile']) == 2
+    assert 'choose with --from-lsf or --from-pbs' in capsys.readouterr().err
+    assert main(['hostfile', '--from-lsf']) == 0
+    assert capsys.readouterr().out == 'c:4\n'

@@ -138,6 +138,30 @@ SOURCES = {
 }
 
 
+#: The variables that tell each scheduler's job (``hostfile`` without a ``--from-``).
+JOB_MARKS = {'from_slurm': ('SLURM_JOB_NODELIST', 'SLURM_NODELIST'),
+             'from_lsf': ('LSB_MCPU_HOSTS', 'LSB_HOSTS'),
+             'from_pbs': ('PBS_NODEFILE',),
+             'from_sge': ('PE_HOSTFILE',)}
+
+
+def job_source(environ=None):
+    """The ``--from-`` option (``SOURCES``' key) of the one batch job this process
+    runs in, told by its variables (``JOB_MARKS``); BadInput when it runs in none,
+    or the variables of several are set."""
+    env = os.environ if environ is None else environ
+    found = [dest for dest, names in JOB_MARKS.items() if any(env.get(n) for n in names)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise BadInput('not inside a batch job: none of %s is set (or give --from-slurm, '
+                       '--from-lsf, --from-pbs or --from-sge)'
+                       % ', '.join(n for names in JOB_MARKS.values() for n in names))
+    raise BadInput('the variables of several schedulers are set (%s): choose with %s'
+                   % ('; '.join(', '.join(n for n in JOB_MARKS[d] if env.get(n)) for d in found),
+                      ' or '.join('--' + d.replace('_', '-') for d in found)))
+
+
 def _merged(pairs):
     hosts = []
     for host, n in pairs:
@@ -267,8 +291,10 @@ def register(sub):
     p = sub.add_parser('hostfile', help="a batch scheduler's hosts as an MPI hostfile",
                        description="Write the hosts of the current SLURM, LSF, PBS or Grid "
                                    "Engine job as a hostfile for train --hostfile "
-                                   "(docs/multinode.md).")
-    src = p.add_mutually_exclusive_group(required=True)
+                                   "(docs/multinode.md). Without a --from- option, the "
+                                   "scheduler is the one whose variables are set.")
+    # none given: the scheduler whose job this is (job_source)
+    src = p.add_mutually_exclusive_group()
     for dest, (_, text) in SOURCES.items():
         src.add_argument('--' + dest.replace('_', '-'), dest=dest, action='store_true',
                          help=text)
@@ -285,9 +311,9 @@ def main(args):
     """Print or write the hostfile; status 2 with the reason when the job's hosts
     cannot be read, 3 when ``--out`` cannot be written (an older file there is
     then left as it was)."""
-    read = next(reader for dest, (reader, _) in SOURCES.items() if getattr(args, dest))
     try:
-        text = format_hostfile(read(), args.format)
+        dest = next((d for d in SOURCES if getattr(args, d)), None) or job_source()
+        text = format_hostfile(SOURCES[dest][0](), args.format)
         if args.out:
             write_atomic(args.out, text.encode(), 'the hostfile')
     except (BadInput, WriteError) as exc:
