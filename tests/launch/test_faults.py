@@ -390,7 +390,28 @@ def test_launcher_report_maps_pid_to_rank():
     assert explain(2, LauncherReport(), both, 3)[0].startswith(
         'theanompi-ext: ranks 0, 1 of 3 (on node7, node8) ended the job')
     assert explain(4, LauncherReport(), notes) == (
+        'theanompi-ext: the job ended with exit status 4; mpiexec gave no report and no rank '
+        'noted an error (the lines above may say why): ranks 0, 1 had not finished training', 4)
+    assert explain(4, LauncherReport(), {}) == (
         "theanompi-ext: the job ended with exit status 4; the ranks' lines above say why", 4)
+    # mpiexec killed from outside (wait's -9): said, status 3, whatever the ranks' notes
+    # say of training; a rank's own error noted first is the story instead
+    assert explain(-9, LauncherReport(), notes, 2, mpiexec_pid=321) == (
+        'theanompi-ext: mpiexec (pid 321 on %s) was killed by SIGKILL (signal 9), not by '
+        'this launcher (the OOM killer sends SIGKILL, as kill -9 does); its ranks ended with '
+        'it; ranks 0, 1 of 2 had not finished training (exit status 3)'
+        % socket.gethostname(), 3)
+    done = {0: (1, 'h', 'done 0'), 1: (2, 'h', 'done 0')}
+    assert explain(-1, LauncherReport(), done, 2, mpiexec_pid=7) == (
+        'theanompi-ext: mpiexec (pid 7 on %s) was killed by SIGHUP (signal 1), not by this '
+        'launcher; its ranks ended with it (exit status 3)' % socket.gethostname(), 3)
+    failed = {0: (1, 'h', 'failed 4'), 1: (2, 'h', 'running')}
+    assert explain(-9, LauncherReport(), failed, 2) == (
+        'theanompi-ext: rank 0 of 2 (pid 1 on h) ended the job (exit status 4); its own line '
+        'above says why', 4)
+    # a rank's death that mpiexec reported before it was killed: that death, status 3
+    msg, status = explain(-9, rep, notes, 2)
+    assert status == 3 and 'rank 1 of 2 (pid 17436 on node7) died: Killed (signal 9)' in msg
     # Hydra named rank 1, but rank 0 was seen to exit first: rank 0 died.
     msg, status = explain(9, rep, notes, 2, first_exit=0)
     assert 'rank 0 of 2 (pid 17435 on node7) died' in msg

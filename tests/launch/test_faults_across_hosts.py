@@ -160,6 +160,31 @@ def test_launcher_signalled(eh, tmp_path, sig):
     whole_checkpoint(job)
 
 
+def test_mpiexec_killed(eh, tmp_path):
+    """mpiexec itself SIGKILLed on the launcher's host (the OOM killer's pick, a kill
+    -9): the launcher says so, status 3 (a restart may cure it); the proxies or
+    daemons on every host see it gone and end their ranks; nothing is left on any
+    host, the last checkpoint whole."""
+    job = Job(eh, str(tmp_path))
+    job.training()
+    launchers = [p for p in ns_pids(eh.hub) if re.search(rb'(^|/)(mpiexec|prterun)\0',
+                                                          cmdline(p))]
+    assert len(launchers) == 1, [cmdline(p) for p in ns_pids(eh.hub)]
+    t0 = time.monotonic()
+    os.kill(launchers[0], signal.SIGKILL)
+    rc, _ = job.end()
+    t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
+    print('\nSIGKILL of mpiexec -> launcher exit %.2f s, every host clear %.2f s'
+          % (t_exit, t_gone))
+    assert rc == 3, job.text()[-3000:]
+    assert re.match(r'theanompi-ext: mpiexec \(pid %d on \S+\) was killed by SIGKILL \(signal '
+                    r'9\), not by this launcher .*; its ranks ended with it; ranks 0, 1 of 2 had '
+                    r'not finished training \(exit status 3\)' % launchers[0],
+                    job.text().replace('\0', '').strip().splitlines()[-1]), job.text()[-3000:]
+    assert t_gone < 10
+    whole_checkpoint(job)
+
+
 def test_checkpoint_signal_to_the_launcher(eh, tmp_path):
     """``--checkpoint-signal USR1 --on-checkpoint-signal stop``: SIGUSR1 to the
     launcher reaches the ranks, none of which runs beside it (the launcher's mpiexec

@@ -202,8 +202,10 @@ def test_loss_per_frame_or_per_packet(per_frame):
     offered = packets + dropped        # the filter sees each packet before the device
     if per_frame:
         assert sent_bytes / packets <= 1514 and packets > nbytes / 1514, (sent_bytes, packets)
-        # a stray packet (IPv6 neighbour discovery) may pass between the two counters' reads
-        assert abs(seen - offered) <= 2, (seen, offered)
+        # a stray packet (IPv6 neighbour discovery, the close's retransmits at 2% loss)
+        # may pass between the two counters' reads: 3 once in CI, under load; the other
+        # case is more than twice as many
+        assert abs(seen - offered) <= 2 + offered // 1000, (seen, offered)
     else:
         assert sent_bytes / packets > 2 * 1514, (sent_bytes, packets)
         assert seen > 2 * offered, (seen, offered)

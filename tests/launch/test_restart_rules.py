@@ -33,6 +33,15 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
     (3, 'theanompi-ext: rank 0 of 2 failed: Exception: Other MPI error, error stack: ...',
      True, 'host or link lost'),
     (255, '', True, 'host or link lost'),
+    # hydra's status of a rank killed by SIGQUIT is 3: not an exception on a rank
+    (3, 'theanompi-ext: rank 0 of 2 (pid 9 on h) died: Quit (signal 3); mpiexec stopped the '
+        'other ranks (exit status 3)', True, 'a rank died (Quit (signal 3))'),
+    (4, 'theanompi-ext: rank 0 of 2 (pid 9 on h) died: Illegal instruction (signal 4); '
+        'mpiexec stopped the other ranks (exit status 4)', True, 'Illegal instruction'),
+    # mpiexec itself killed (postmortem._mpiexec_killed): the OOM killer, most likely
+    (3, 'theanompi-ext: mpiexec (pid 77 on h) was killed by SIGKILL (signal 9), not by this '
+        'launcher (...); its ranks ended with it (exit status 3)', True,
+     'mpiexec was killed by SIGKILL'),
     (255, 'theanompi-ext: rank 3 of 4 (pid 7159 on tmxh1) died: exit code 9; mpiexec stopped '
           'the other ranks (exit status 255)', True, 'a rank died (exit code 9)'),
     (2, 'theanompi-ext: rank 0 of 2 failed: DataError: x', False, 'bad input'),

@@ -30,7 +30,7 @@ from support.configs import write_cfg
 from support.paths import MPI_DIR
 from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
                           wait_for)
-from support.procs import explained, mpi_cmd, mpiexec
+from support.procs import descendants, explained, mpi_cmd, mpiexec
 
 JOB_TIMEOUT = 180
 CLI = [sys.executable, '-m', 'theanompi_ext']
@@ -48,14 +48,25 @@ def fault_line(err):
     return int(m.group(1)), float(m.group(2)), int(m.group(3))
 
 
-def signalled_when(job, ready, what, sig):
+def cmdline(pid):
+    """The words of process ``pid``'s command line ([''] once it is gone)."""
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read().decode(errors='replace').split('\0')
+    except OSError:
+        return ['']
+
+
+def signalled_when(job, ready, what, sig, pids=None):
     """Once ``ready()`` (within 120 s, the job still running), ``sig`` to the
-    launcher; (seconds until every process of the job was gone or None, its exit
-    status). Whatever happens, nothing of the job is left (``job.finish``)."""
+    launcher (or to each of ``pids()``); (seconds until every process of the job
+    was gone or None, its exit status). Whatever happens, nothing of the job is
+    left (``job.finish``)."""
     try:
         wait_for(lambda: ready() or job.proc.poll() is not None, 120, what)
         assert job.proc.poll() is None, job.err()[-3000:]
-        os.kill(job.proc.pid, sig)
+        for pid in pids() if pids else [job.proc.pid]:
+            os.kill(pid, sig)
         took = job.gone_within(20)
         return took, job.wait()
     finally:
@@ -135,6 +146,38 @@ def test_a_signal_not_caught_ends_every_rank_with_the_launcher(tmp_path, sig):
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took
     assert rc == -sig, (rc, job.err()[-3000:])
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+
+
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
+    """mpiexec itself killed by someone else (the OOM killer's SIGKILL; SIGHUP,
+    which hydra does not catch): the launcher's last line says so, naming the
+    signal and the ranks that had not finished, status 3 (restartable:
+    train/restarts.classify); every rank ends, the checkpoint verifies. (Open
+    MPI's prterun answers SIGHUP by ending its ranks and exiting 1 itself.)"""
+    out = tmp_path / 'run'
+    job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+    launcher = os.path.basename(mpiexec())
+
+    def the_mpiexec():
+        return [p for p in descendants(job.proc.pid)
+                if os.path.basename(cmdline(p)[0]) in (launcher, 'prterun')]
+    took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
+                              the_mpiexec(), 'the first checkpoints', sig, the_mpiexec)
+    print('\n%s to mpiexec -> every process of the job gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    assert took is not None and took < 8, took
+    if sig == signal.SIGHUP and is_openmpi(mpiexec()):
+        assert rc == 1, (rc, job.err()[-3000:])
+    else:
+        assert rc == 3, (rc, job.err()[-3000:])
+        assert re.search(r'theanompi-ext: mpiexec \(pid \d+ on \S+\) was killed by %s '
+                         r'\(signal %d\), not by this launcher.*; its ranks ended with it; '
+                         r'ranks 0, 1 of 2 had not finished training \(exit status 3\)$'
+                         % (signal.Signals(sig).name, sig), job.err().strip().splitlines()[-1]), \
+            job.err()[-3000:]
     assert good_checkpoint(out / checkpoint.FILENAME) >= 1
 
 

@@ -140,6 +140,11 @@ def _failed_itself(report, notes):
         report.aborted[0], (0, '', ''))[2].startswith('failed')
 
 
+def _training(notes):
+    """The ranks whose notes say they had not finished training, in order."""
+    return sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
+
+
 def _failed_notes(notes):
     """The ranks whose notes say ``failed N``, in order."""
     return sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
@@ -153,6 +158,13 @@ def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
     line is always ours."""
     if failed is None:
         failed = [report.aborted[0]] if report.aborted is not None else _failed_notes(notes)
+    training = _training(notes)
+    if not failed and training:
+        # e.g. Open MPI's prterun given SIGHUP: it ends its ranks and exits 1, silent
+        return ('theanompi-ext: the job ended with exit status %d; mpiexec gave no report '
+                'and no rank noted an error (the lines above may say why): rank%s %s%s had '
+                'not finished training' % (status, 's' if len(training) > 1 else '',
+                                           rank_list(training), of))
     if not failed:
         return ('theanompi-ext: the job ended with exit status %d; the ranks\' lines above '
                 'say why' % status)
@@ -173,14 +185,34 @@ def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
             'lines above say why' % (rank_list(failed), of, hosts, status))
 
 
-def explain(status, report, notes, size=None, first_exit=None):
+def _mpiexec_killed(signum, mpiexec_pid, notes, of):
+    """The message and status of a job whose mpiexec was killed by signal ``signum``
+    from outside (its status from ``wait`` is ``-signum``; ours would have been
+    told as a stop): no rank failed, the ranks end with their mpiexec. Status 3,
+    which a restart may cure (``train/restarts.classify``)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = 'signal %d' % signum
+    training = _training(notes)
+    ranks = (('; rank%s %s%s had not finished training' % (
+        's' if len(training) > 1 else '', rank_list(training), of)) if training else '')
+    return ('theanompi-ext: mpiexec (pid %s on %s) was killed by %s (signal %d), not by this '
+            'launcher%s; its ranks ended with it%s (exit status %d)'
+            % (mpiexec_pid or '?', socket.gethostname(), name, signum,
+               ' (the OOM killer sends SIGKILL, as kill -9 does)' if signum == signal.SIGKILL
+               else '', ranks, EXIT_FAILED)), EXIT_FAILED
+
+
+def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None):
     """(message or None, exit status) for a finished job: None only for success.
 
     ``report`` is a :class:`~.launcher_report.LauncherReport`, ``notes`` the
     ranks' notes (``{rank: (pid, host, state)}``), ``size`` the number of
     ranks started, ``first_exit`` the rank seen to exit first
     (:class:`ExitOrder`), which wins over the launcher's PID when it is a
-    rank that was still running.
+    rank that was still running. A negative ``status`` is mpiexec (pid
+    ``mpiexec_pid``) killed by that signal.
     """
     of = ' of %d' % size if size else ''
     if status == 0:
@@ -206,6 +238,14 @@ def explain(status, report, notes, size=None, first_exit=None):
         # The closed connection is the noted error's effect: that error is the story
         status = note_status(notes[failed[0]][2]) or status
         return _ended_by_ranks(status, report, notes, of, failed, size), status
+    if status < 0:
+        # mpiexec died of signal -status (ours were told above: a stop, a timeout, Open
+        # MPI's abort of a rank that lost a peer). A rank's error noted before is
+        # still the story, or a rank's death that mpiexec reported
+        failed = _failed_notes(notes)
+        if report.pid is None and not failed:
+            return _mpiexec_killed(-status, mpiexec_pid, notes, of)
+        status = (note_status(notes[failed[0]][2]) if failed else None) or EXIT_FAILED
     if report.pid is None:
         return _ended_by_ranks(status, report, notes, of, size=size), status
     pid, host = report.pid, report.host
@@ -641,7 +681,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             if report.peer_lost is None:
                 return last_words(status, message)
             # the abort was Open MPI's own, of a rank that lost a peer: told below
-        message, status = explain(status, report, notes, size, first_exit=watch.first())
+        message, status = explain(status, report, notes, size, first_exit=watch.first(),
+                                  mpiexec_pid=proc.pid)
         if status and notes:
             message = with_daemon_lost(message, launch.no_report)
         if status and not notes and report.pid is None:

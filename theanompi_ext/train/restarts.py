@@ -50,6 +50,8 @@ _MPI_LOST = re.compile(r'MPI_ERR|Other MPI error|MPIDI_|Connection (reset|refuse
                        r'(link|host|connection) (lost|down)|Communication error', re.I)
 
 _DIED = re.compile(r'rank (\d+)(?: of \d+)? \(pid (\d+) on ([^)\s]+)\) died: ([^;]*)')
+_KILLED_BY = re.compile(r'\(signal \d+\)')
+_MPIEXEC_KILLED = re.compile(r'mpiexec \(pid \S+ on \S+\) was killed by (\S+)')
 _LATE = re.compile(r'not arrived: rank (\d+) \(pid (\d+) on ([^)\s]+)\)')
 _FAILED = re.compile(r'rank (\d+) of \d+ failed: (.*)')
 _STEP = re.compile(r'at step (\d+)')
@@ -96,6 +98,14 @@ def classify(status, message=''):
         sig = signal.Signals(status - EXIT_SIGNAL_BASE)
         return Verdict(False, 'the launcher was stopped by %s%s' % (
             sig.name, ' (its output was closed)' if sig == signal.SIGPIPE else ''))
+    died = _DIED.search(message)
+    if died and status < 5 and _KILLED_BY.search(died.group(4)):
+        # hydra's status of a rank killed by signal N is N: SIGQUIT's 3 and SIGILL's 4
+        # would read as our own statuses
+        return Verdict(True, 'a rank died (%s)' % died.group(4).strip())
+    mpiexec = _MPIEXEC_KILLED.search(message)
+    if mpiexec:
+        return Verdict(True, 'mpiexec was killed by %s' % mpiexec.group(1))
     if status == EXIT_BAD_INPUT:
         return Verdict(False, 'bad input')
     if status == EXIT_TIMEOUT:
@@ -120,7 +130,6 @@ def classify(status, message=''):
         return Verdict(True, 'a rank was killed by %s' % name)
     if status == 124:
         return Verdict(False, 'timed out')
-    died = _DIED.search(message)
     if died:
         # e.g. a rank killed on another host: hydra ends with 255, its proxy saw "exit code 9"
         return Verdict(True, 'a rank died (%s)' % died.group(4).strip())
