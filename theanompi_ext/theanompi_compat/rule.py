@@ -17,10 +17,13 @@ launching side.
 import ast
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import threading
 
+from .. import stop_signals
+from ..errors import EXIT_SIGNAL_BASE
 from ..exchange.modes import check_mode
 
 
@@ -181,6 +184,21 @@ def check_exchange_options(sync_type, exch_strategy, wire):
     check_mode(sync_type, exch_strategy, wire)
 
 
+def _raise_stopped(signum, frame):
+    from ..launch.postmortem import Stopped
+    raise Stopped(signum)
+
+
+def _catch_default_stops():
+    """SIGTERM and SIGHUP raise ``Stopped`` in :meth:`BSP.wait` where they have their
+    default action now (main thread); the previous handlers, for ``restore``. A
+    handler of the caller's, or an ignored signal, is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return stop_signals.catch({sig: _raise_stopped for sig in (signal.SIGTERM, signal.SIGHUP)
+                               if signal.getsignal(sig) == signal.SIG_DFL})
+
+
 class BSP(object):
     """Bulk-synchronous data parallelism with this project's exchange.
 
@@ -286,7 +304,10 @@ class BSP(object):
 
         Ctrl-C (or ``timeout`` seconds passing) stops every rank; the status
         is then 130 (or 124), and the last line on stderr says so (the job's
-        own process, stopped by SIGTERM, says 143 just before it). Ctrl-Z
+        own process, stopped by SIGTERM, says 143 just before it). SIGTERM and
+        SIGHUP stop it the same way (143, 129: a scheduler's ``kill`` of
+        ``tmxlauncher``, a closed terminal), where this process left them to
+        their default (its own handler, or an ignored signal, is kept). Ctrl-Z
         (SIGTSTP) pauses every rank where the MPI lets it, then this process;
         SIGCONT (``fg``) resumes them (:mod:`theanompi_ext.launch.job_control`).
         """
@@ -294,15 +315,22 @@ class BSP(object):
             raise RuntimeError('BSP.wait() before BSP.init()')
         from ..launch.awake import wait_awake
         from ..launch.job_control import PassOn
+        from ..launch.postmortem import Stopped
         # Ctrl-Z pauses the job (its own launcher pauses the ranks), fg resumes it
         job_control = PassOn(self.proc).install()
+        caught = _catch_default_stops()
         try:
             return wait_awake(self.proc, timeout)   # Ctrl-C taken by any thread of the session
         except KeyboardInterrupt:
             return self._stopped(130, 'interrupted (Ctrl-C)')
         except subprocess.TimeoutExpired:
             return self._stopped(124, 'still running after timeout=%g s' % timeout)
+        except Stopped as exc:
+            for sig in caught:          # a second one must not cut the stop short
+                signal.signal(sig, signal.SIG_IGN)
+            return self._stopped(EXIT_SIGNAL_BASE + exc.signum, 'stopped by %s' % exc)
         finally:
+            stop_signals.restore(caught)
             job_control.restore()
             if self._forward is not None and self.proc.poll() is not None:
                 self._forward.detach()      # checkpoint_signal: ours again once the job ended

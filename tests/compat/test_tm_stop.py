@@ -1,0 +1,99 @@
+"""A Theano-MPI session told to stop (theanompi_compat/rule.BSP.wait): SIGTERM or
+SIGHUP to ``tmxlauncher`` (a scheduler's ``kill``, a closed terminal) stops every
+rank as Ctrl-C does, the job's own launcher first saying so, and ends with 128 +
+the signal and the session's line last; nothing of the job is left. A handler
+of the caller's own, or a signal ignored when ``wait`` started, is left alone.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from support.jobs import Job, wait_for
+from support.paths import ROOT, root_on_path
+
+TIMEOUT = 180
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_session_told_to_stop_stops_every_rank(tmp_path, sig):
+    model = tmp_path / 'longmodel.py'
+    model.write_text(textwrap.dedent('''\
+        import sys
+        sys.path.insert(0, %r)
+        from digits_contract import DigitsMLPLayered
+
+
+        class LongMLP(DigitsMLPLayered):
+            """The contract's MLP, for as long as it takes to stop it."""
+
+            def __init__(self, config):
+                super(LongMLP, self).__init__(config)
+                self.n_epochs = 100000
+        ''' % os.path.join(ROOT, 'tests', 'dropin')))
+    cfg = tmp_path / 'session.cfg'
+    cfg.write_text('RULE=BSP\nMODELFILE=%s\nMODELCLASS=LongMLP\nDEVICES=(cpu0 cpu1)\n' % model)
+    job = Job([sys.executable, '-m', 'theanompi_ext.tmlauncher', '-cfg=%s' % cfg], tmp_path,
+              root_on_path())
+    try:
+        # both ranks through their first epoch: every part of the job is running
+        wait_for(lambda: 'epoch 1/' in job.out() or job.proc.poll() is not None, 120,
+                 'the first epoch')
+        assert job.proc.poll() is None, job.err()[-3000:]
+        os.kill(job.proc.pid, sig)
+        took = job.gone_within(20)
+        rc = job.wait(TIMEOUT)
+    finally:
+        job.finish()
+    name = signal.Signals(sig).name
+    print('\n%s to tmxlauncher -> every process of the job gone in %s s'
+          % (name, took and '%.2f' % took))
+    assert took is not None and took < 12, took
+    assert rc == 128 + sig, (rc, job.err()[-3000:])
+    lines = job.err().strip().splitlines()
+    assert lines[-1] == ('theanompi-ext: BSP.wait() stopped by %s: every rank was stopped '
+                         '(exit status %d)' % (name, 128 + sig)), job.err()[-3000:]
+    assert 'theanompi-ext: stopped by SIGTERM: every rank of the job ended' in lines[-2]
+
+
+WAIT_SCRIPT = textwrap.dedent('''\
+    import os, signal, subprocess, sys, threading
+    from theanompi_ext.theanompi_compat.rule import BSP
+    mine = []
+    if sys.argv[1] == 'own':
+        signal.signal(signal.SIGTERM, lambda s, f: mine.append(s))
+    elif sys.argv[1] == 'ignored':
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    rule = BSP()
+    # a stand-in job in a process group of its own, as init starts it
+    rule.proc = subprocess.Popen(['sleep', '3'], start_new_session=True)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    status = rule.wait()
+    after = signal.getsignal(signal.SIGTERM)
+    print(status, len(mine), rule.proc.returncode,
+          'default' if after == signal.SIG_DFL else 'ignored' if after == signal.SIG_IGN
+          else 'own')
+    ''')
+
+
+@pytest.mark.parametrize('handler, printed', [
+    # the default: the job stopped (its group SIGTERMed), 143, the default back after
+    ('default', '143 0 -15 default'),
+    # the caller's own handler runs instead, the job goes on to its end (0)
+    ('own', '0 1 0 own'),
+    # ignored when wait started: stays ignored, the job goes on
+    ('ignored', '0 0 0 ignored'),
+])
+def test_wait_catches_sigterm_only_where_it_has_its_default(tmp_path, handler, printed):
+    res = subprocess.run([sys.executable, '-c', WAIT_SCRIPT, handler], capture_output=True,
+                         text=True, timeout=60, env=root_on_path(), cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == printed.split(), (res.stdout, res.stderr)
+    if handler == 'default':
+        assert res.stderr.splitlines()[-1] == (
+            'theanompi-ext: BSP.wait() stopped by SIGTERM: every rank was stopped (exit '
+            'status 143)')
