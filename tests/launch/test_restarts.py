@@ -11,15 +11,17 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from theanompi_ext.train import attempt, restarts
+from theanompi_ext.train import attempt, checkpoint, restarts
 
-from support.jobs import Job
+from support.jobs import Job, wait_for
+from support.procs import the_mpiexec
 
 CLI = [sys.executable, '-m', 'theanompi_ext', 'train']
 TIMEOUT = 420
@@ -102,6 +104,33 @@ def test_three_failures_then_the_same_bits_2_ranks_ar_fp32_digits(tmp_path):
     assert re.search(r'summary: .*; 3 restarts of 3 \(\d+ iterations lost, restarts.json\)',
                      stdout), stdout[-2000:]
     assert not [n for n in os.listdir(out) if '.tmp-' in n]   # the torn write was removed
+
+
+def test_mpiexec_killed_is_restarted_to_the_same_bits(tmp_path):
+    """mpiexec itself SIGKILLed mid-run (the OOM killer's pick on the launcher's
+    host): the attempt ends with status 3 saying so, it is restarted from the
+    last checkpoint, and the run ends with the bits of one never killed."""
+    argv = ['--workers', '2', '--model', 'mlp', '--batch-per-worker', '8', '--epochs', '8',
+            '--warmup', 'none', '--checkpoint-every', '20', '--quiet']
+    rc, ref, _, err = _run(tmp_path, 'ref', argv)
+    assert rc == 0, err[-3000:]
+    out = tmp_path / 'killed'
+    job = Job(CLI + argv + ['--max-restarts', '2', '--restart-backoff-s', '0', '--out',
+                            str(out)], tmp_path)
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or
+                 job.proc.poll() is not None, 120, 'the first checkpoints')
+        (launcher,) = the_mpiexec(job.proc.pid)
+        os.kill(launcher, signal.SIGKILL)
+        rc = job.wait(TIMEOUT)
+    finally:
+        job.finish()
+    assert rc == 0, job.err()[-3000:]
+    _same_bits(ref, out)
+    (f,) = _log(out)['failures']
+    assert (f['status'], f['cause'], f['rank'], f['restarted']) == (
+        3, 'mpiexec was killed by SIGKILL', None, True), f
+    assert f['message'].startswith('theanompi-ext: mpiexec (pid %d on ' % launcher), f
 
 
 def test_an_exception_on_a_rank_is_not_retried(tmp_path):

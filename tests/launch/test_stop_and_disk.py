@@ -30,7 +30,7 @@ from support.configs import write_cfg
 from support.paths import MPI_DIR
 from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
                           wait_for)
-from support.procs import descendants, explained, mpi_cmd, mpiexec
+from support.procs import explained, mpi_cmd, mpiexec, the_mpiexec
 
 JOB_TIMEOUT = 180
 CLI = [sys.executable, '-m', 'theanompi_ext']
@@ -46,15 +46,6 @@ def fault_line(err):
     m = re.search(r'FAULT \S+ rank \d+ pid (\d+) at ([0-9.]+) iteration (-?\d+)', err)
     assert m, err[-3000:]
     return int(m.group(1)), float(m.group(2)), int(m.group(3))
-
-
-def cmdline(pid):
-    """The words of process ``pid``'s command line ([''] once it is gone)."""
-    try:
-        with open('/proc/%d/cmdline' % pid, 'rb') as f:
-            return f.read().decode(errors='replace').split('\0')
-    except OSError:
-        return ['']
 
 
 def signalled_when(job, ready, what, sig, pids=None):
@@ -159,13 +150,9 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
     MPI's prterun answers SIGHUP by ending its ranks and exiting 1 itself.)"""
     out = tmp_path / 'run'
     job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
-    launcher = os.path.basename(mpiexec())
-
-    def the_mpiexec():
-        return [p for p in descendants(job.proc.pid)
-                if os.path.basename(cmdline(p)[0]) in (launcher, 'prterun')]
     took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
-                              the_mpiexec(), 'the first checkpoints', sig, the_mpiexec)
+                              the_mpiexec(job.proc.pid), 'the first checkpoints', sig,
+                              lambda: the_mpiexec(job.proc.pid))
     print('\n%s to mpiexec -> every process of the job gone in %s s'
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took

@@ -94,6 +94,22 @@ def descendants(pid):
     return out
 
 
+def command_words(pid):
+    """The words of process ``pid``'s command line ([''] once it is gone)."""
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read().decode(errors='replace').split('\0')
+    except OSError:
+        return ['']
+
+
+def the_mpiexec(pid):
+    """The PIDs of the mpiexec (hydra's, or Open MPI's prterun) among ``pid``'s
+    descendants (a launcher's job)."""
+    return [p for p in descendants(pid)
+            if os.path.basename(command_words(p)[0]) in ('mpiexec', 'prterun')]
+
+
 def alive(pid):
     """Whether ``pid`` runs (a zombie does not)."""
     try:
