@@ -30,7 +30,7 @@ from support.configs import write_cfg
 from support.paths import MPI_DIR
 from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
                           wait_for)
-from support.procs import explained, mpi_cmd, mpiexec, the_mpiexec
+from support.procs import explained, mpi_cmd, mpiexec, shm_made_since, the_mpiexec
 
 JOB_TIMEOUT = 180
 CLI = [sys.executable, '-m', 'theanompi_ext']
@@ -149,10 +149,14 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
     train/restarts.classify); every rank ends, the checkpoint verifies. (Open
     MPI's prterun answers SIGHUP by ending its ranks and exiting 1 itself.)"""
     out = tmp_path / 'run'
+    t0 = time.time()
     job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
     took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
                               the_mpiexec(job.proc.pid), 'the first checkpoints', sig,
                               lambda: the_mpiexec(job.proc.pid))
+    # and the MPI's shared memory that its killed ranks left (Open MPI's prterun
+    # SIGKILLed leaves its ranks' sm_segment files): removed by the launcher
+    assert shm_made_since(t0) == []
     print('\n%s to mpiexec -> every process of the job gone in %s s'
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took

@@ -44,6 +44,16 @@ def note_rank(state, rank=None):
     before_abort(_AbortNote(folder, rank))
 
 
+def sweep_shared_memory():
+    """The first rank of each host removes the shared-memory files that killed
+    jobs of this user left there (:mod:`theanompi_ext.launch.shm_leftovers`:
+    the launcher sweeps its own host when its job ends, but cannot reach the
+    other hosts). Returns the names removed."""
+    from ..collective.world import local_rank
+    from ..launch.shm_leftovers import sweep_at_rank_start
+    return sweep_at_rank_start(local_rank())
+
+
 def keep_rank(comm):
     """On a host other than the launcher's, start this rank's keeper, which notes
     ``died`` if the rank goes without a note of its own and ends its MPI daemon

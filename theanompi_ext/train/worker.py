@@ -190,6 +190,7 @@ def guarded(fn):
     faults.note_rank('running')
     faults.keep_rank(comm)
     try:
+        faults.sweep_shared_memory()         # what killed jobs left on this host
         faults.check_same_software(comm)     # the job's first exchange: every rank alike
         fn()
         faults.note_rank('done %d' % EXIT_OK)
