@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -151,12 +152,14 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
     out = tmp_path / 'run'
     t0 = time.time()
     job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+    killed = []
     took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
                               the_mpiexec(job.proc.pid), 'the first checkpoints', sig,
-                              lambda: the_mpiexec(job.proc.pid))
-    # and the MPI's shared memory that its killed ranks left (Open MPI's prterun
-    # SIGKILLed leaves its ranks' sm_segment files): removed by the launcher
+                              lambda: killed.extend(the_mpiexec(job.proc.pid)) or killed)
+    # and what MPI left (Open MPI's prterun SIGKILLed leaves its ranks' sm_segment
+    # files and its session folder): removed by the launcher (launch/mpi_leftovers.py)
     assert shm_made_since(t0) == []
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), 'ompi.%d' % killed[0]))
     print('\n%s to mpiexec -> every process of the job gone in %s s'
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took

@@ -105,10 +105,10 @@ def command_words(pid):
 
 def shm_made_since(t0):
     """MPI's files of this user in /dev/shm changed since ``t0`` (time.time()) that
-    no process maps: what a job's killed ranks left (launch/shm_leftovers.py)."""
-    from theanompi_ext.launch import shm_leftovers
-    return [n for n in shm_leftovers.leftovers(0.0)
-            if os.stat(os.path.join(shm_leftovers.SHM_DIR, n)).st_ctime >= t0 - 1]
+    no process maps: what a job's killed ranks left (launch/mpi_leftovers.py)."""
+    from theanompi_ext.launch import mpi_leftovers
+    return [n for n in mpi_leftovers.leftovers(0.0)
+            if os.stat(os.path.join(mpi_leftovers.SHM_DIR, n)).st_ctime >= t0 - 1]
 
 
 def the_mpiexec(pid):

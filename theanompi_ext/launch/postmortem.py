@@ -24,7 +24,7 @@ import threading
 import time
 
 from .. import output_faults, stop_signals
-from . import shm_leftovers
+from . import mpi_leftovers
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE,
                       EXIT_TIMED_OUT, EXIT_TIMEOUT)
 from .after_ranks import AfterRanks, after_ranks_s, note_status
@@ -725,7 +725,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         here = socket.gethostname()
         ranks_here = [pid for pid, host, _ in read_rank_notes(folder).values() if host == here]
         shutil.rmtree(folder, ignore_errors=True)
-        shm_leftovers.sweep_after_job(ranks_here)     # what killed ranks left on this host
+        mpi_leftovers.sweep_after_job(ranks_here)     # what killed ranks left on this host
 
 
 def explained_command(cmd, size):

@@ -46,11 +46,11 @@ def note_rank(state, rank=None):
 
 def sweep_shared_memory():
     """The first rank of each host removes the shared-memory files that killed
-    jobs of this user left there (:mod:`theanompi_ext.launch.shm_leftovers`:
+    jobs of this user left there (:mod:`theanompi_ext.launch.mpi_leftovers`:
     the launcher sweeps its own host when its job ends, but cannot reach the
     other hosts). Returns the names removed."""
     from ..collective.world import local_rank
-    from ..launch.shm_leftovers import sweep_at_rank_start
+    from ..launch.mpi_leftovers import sweep_at_rank_start
     return sweep_at_rank_start(local_rank())
 
 

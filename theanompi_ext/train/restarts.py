@@ -293,7 +293,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
     returns the job's exit status. ``env``: variables for the ranks
     (``train/attempt.py``)."""
     import dataclasses
-    from ..launch import leftovers, shm_leftovers
+    from ..launch import leftovers, mpi_leftovers
     err = err or sys.stderr
     log = RestartLog(cfg.out, cfg.max_restarts)
     leftovers.become_subreaper()
@@ -311,7 +311,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
             status, text = run_attempt(cfg, env)
             t_failed, failed_unix = time.monotonic(), time.time()
             left = leftovers.end_leftovers()
-            shm_leftovers.sweep_after_job([])       # theirs, now they are gone
+            mpi_leftovers.sweep_after_job([])       # theirs, now they are gone
             _clean(cfg.out)
             if status == EXIT_OK:
                 if attempt:

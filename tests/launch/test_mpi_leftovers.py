@@ -1,6 +1,7 @@
-"""MPI's shared-memory files left by killed jobs, removed (launch/shm_leftovers.py):
-which files count, that a file a process maps is kept, and real jobs: a rank
-SIGKILLed under the launcher leaves none of its job's files; a rank started by
+"""MPI's shared-memory files and Open MPI's session folders left by killed jobs,
+removed (launch/mpi_leftovers.py): which count, that a file a process maps is
+kept, and real jobs: a rank SIGKILLed under the launcher leaves none of its
+job's files; a rank started by
 a bare mpiexec (as on a host the launcher cannot reach) sweeps its host's old
 ones when it starts, and keeps one that a running process maps."""
 import mmap
@@ -14,9 +15,9 @@ import pytest
 
 from theanompi_ext.errors import BadInput
 from theanompi_ext.launch.mpiexec import mpiexec_command
-from theanompi_ext.launch import shm_leftovers
-from theanompi_ext.launch.shm_leftovers import (AGE_VAR, leftovers, mapped, sweep,
-                                                sweep_at_rank_start)
+from theanompi_ext.launch import mpi_leftovers
+from theanompi_ext.launch.mpi_leftovers import (AGE_VAR, leftovers, mapped, session_folders,
+                                                sweep, sweep_at_rank_start)
 
 from support.configs import write_cfg
 from support.procs import command_words, descendants, job, mpiexec, shm_made_since
@@ -45,17 +46,35 @@ def test_sweep_removes_only_the_leftovers(tmp_path):
     for name in MPI_NAMES + OTHER_NAMES:
         (tmp_path / name).write_bytes(b'x')
     time.sleep(0.05)
-    assert sweep(0.01, str(tmp_path)) == sorted(MPI_NAMES)
+    assert sweep(0.01, str(tmp_path), tmpdirs=[]) == sorted(MPI_NAMES)
     assert sorted(os.listdir(tmp_path)) == sorted(OTHER_NAMES)
-    assert sweep(0.01, str(tmp_path / 'gone')) == []
+    assert sweep(0.01, str(tmp_path / 'gone'), tmpdirs=[str(tmp_path / 'gone')]) == []
+
+
+def test_open_mpis_session_folders_of_processes_gone(tmp_path):
+    """``ompi.<pid>`` folders (prterun's, a daemon's) whose process is gone are
+    removed with what is in them; a live process's, another name, a file or a
+    link of that name are kept."""
+    ended = subprocess.Popen(['true'])
+    ended.wait()
+    dead, live = tmp_path / ('ompi.%d' % ended.pid), tmp_path / ('ompi.%d' % os.getpid())
+    for folder in (dead, live, tmp_path / 'ompi.x'):
+        (folder / '1').mkdir(parents=True)
+        (folder / '1' / 'pmix-gds-shmem2.session').write_text('x')
+    (tmp_path / 'keep').mkdir()
+    (tmp_path / ('ompi.%d' % (ended.pid + 1000000))).symlink_to(tmp_path / 'keep')
+    assert session_folders([str(tmp_path)]) == [str(dead)]
+    assert session_folders([str(tmp_path)], uid=os.getuid() + 1) == []
+    assert sweep(0.01, str(tmp_path / 'no-shm'), tmpdirs=[str(tmp_path)]) == [dead.name]
+    assert not dead.exists() and live.exists() and (tmp_path / 'keep').exists()
 
 
 def test_a_file_this_process_maps_is_in_use():
     """mapped() reads the maps of this user's processes: a file in /dev/shm that
     this process maps is there, and so kept by a sweep of /dev/shm."""
-    if not os.path.isdir(shm_leftovers.SHM_DIR):
-        pytest.skip('no %s on this system' % shm_leftovers.SHM_DIR)
-    path = os.path.join(shm_leftovers.SHM_DIR, 'mpich_shm_%08x_9' % os.getpid())
+    if not os.path.isdir(mpi_leftovers.SHM_DIR):
+        pytest.skip('no %s on this system' % mpi_leftovers.SHM_DIR)
+    path = os.path.join(mpi_leftovers.SHM_DIR, 'mpich_shm_%08x_9' % os.getpid())
     with open(path, 'w+b') as f:
         f.write(b'\0' * 4096)
         f.flush()
@@ -64,20 +83,20 @@ def test_a_file_this_process_maps_is_in_use():
         time.sleep(0.05)
         assert path in mapped()
         assert os.path.basename(path) not in leftovers(0.01)
-        assert os.path.basename(path) not in sweep(0.01)
+        assert os.path.basename(path) not in sweep(0.01, tmpdirs=[])
         assert os.path.exists(path)
     finally:
         view.close()
     assert path not in mapped()
-    assert os.path.basename(path) in sweep(0.01)
+    assert os.path.basename(path) in sweep(0.01, tmpdirs=[])
     assert not os.path.exists(path)
 
 
 def test_only_a_hosts_first_rank_sweeps_and_a_bad_age_is_refused(monkeypatch):
     calls = []
-    monkeypatch.setattr(shm_leftovers, 'sweep', lambda age: calls.append(age) or ['x'])
+    monkeypatch.setattr(mpi_leftovers, 'sweep', lambda age: calls.append(age) or ['x'])
     assert sweep_at_rank_start(1, {}) == [] and calls == []
-    assert sweep_at_rank_start(0, {}) == ['x'] and calls == [shm_leftovers.AT_START_S]
+    assert sweep_at_rank_start(0, {}) == ['x'] and calls == [mpi_leftovers.AT_START_S]
     assert sweep_at_rank_start(0, {AGE_VAR: '0.5'}) == ['x'] and calls[-1] == 0.5
     with pytest.raises(BadInput, match='%s=.*not a number of seconds > 0' % AGE_VAR):
         sweep_at_rank_start(0, {AGE_VAR: 'soon'})
@@ -103,7 +122,7 @@ def test_a_killed_rank_leaves_no_file_of_its_job(tmp_path):
                            if 'theanompi_ext.train.worker' in command_words(p)
                            and 'python' in os.path.basename(command_words(p)[0]))
         # older than the sweep's AFTER_JOB_S (a younger one waits for the next sweep)
-        time.sleep(shm_leftovers.AFTER_JOB_S + 0.5)
+        time.sleep(mpi_leftovers.AFTER_JOB_S + 0.5)
         os.kill(ranks[1], 9)
         rc = proc.wait(timeout=60)
     finally:
@@ -118,9 +137,9 @@ def _maps_shm(pid):
     """Whether process ``pid`` maps one of MPI's files in /dev/shm (its MPI is up)."""
     try:
         with open('/proc/%d/maps' % pid) as f:
-            return any(shm_leftovers.MPI_FILES.match(os.path.basename(line.split(None, 5)[-1]
+            return any(mpi_leftovers.MPI_FILES.match(os.path.basename(line.split(None, 5)[-1]
                                                                      .rstrip('\n')))
-                       for line in f if shm_leftovers.SHM_DIR + '/' in line)
+                       for line in f if mpi_leftovers.SHM_DIR + '/' in line)
     except OSError:
         return False
 
@@ -136,10 +155,10 @@ def test_the_first_rank_of_a_host_sweeps_it_at_start(tmp_path):
     """Ranks started by a bare mpiexec (no launcher of ours on that host, as on the
     far hosts of a job): local rank 0 removes an old leftover of this user and
     keeps one that a running process maps."""
-    if not os.path.isdir(shm_leftovers.SHM_DIR):
-        pytest.skip('no %s on this system' % shm_leftovers.SHM_DIR)
-    left = os.path.join(shm_leftovers.SHM_DIR, 'mpich_shm_%08x_0' % os.getpid())
-    held = os.path.join(shm_leftovers.SHM_DIR, 'mpich_shm_%08x_1' % os.getpid())
+    if not os.path.isdir(mpi_leftovers.SHM_DIR):
+        pytest.skip('no %s on this system' % mpi_leftovers.SHM_DIR)
+    left = os.path.join(mpi_leftovers.SHM_DIR, 'mpich_shm_%08x_0' % os.getpid())
+    held = os.path.join(mpi_leftovers.SHM_DIR, 'mpich_shm_%08x_1' % os.getpid())
     for path in (left, held):
         with open(path, 'wb') as f:
             f.write(b'\0' * 4096)

@@ -1,19 +1,21 @@
-"""MPI's shared-memory files that a killed job leaves in ``/dev/shm``, removed.
+"""What MPI leaves behind when a job's processes are killed, removed.
 
-The ranks of one host talk through files in ``/dev/shm``: MPICH's
+The ranks of a host talk through files in ``/dev/shm``: MPICH's
 ``mpich_shm_<id>_<n>`` (one per host and job, 2 MB for 2 ranks), Open MPI
 5's ``sm_segment.<host>.<uid>.<job>.<rank>`` (16 MB a rank; 4.x:
 ``vader_segment.*``). Each MPI removes them when its ranks end normally. A
 rank killed (SIGKILL, the OOM killer, the launcher's stop after its grace, a
 rank that MPI's own abort ends) leaves them, and ``/dev/shm`` is memory: the
 fault tests of this project had left 3.7 GB there (2,377 of MPICH's files)
-before this module.
+before this module. Open MPI's launcher and daemons also keep a session
+folder, ``$TMPDIR/ompi.<pid>`` (about 120 KB), left when they are killed.
 
-:func:`sweep` removes this user's such files that no running process maps
-and that are older than ``min_age_s`` (a file just created is mapped at
-once by the rank that made it; the age keeps a sweep off one in the
-microseconds between). Whatever runs keeps its files: a job in progress, a
-job suspended, another user's job (whose files this user cannot remove
+:func:`sweep` removes this user's shared-memory files that no running
+process maps and that are older than ``min_age_s`` (a file just created is
+mapped at once by the rank that made it; the age keeps a sweep off one in
+the microseconds between), and this user's session folders whose process
+is gone. Whatever runs keeps its files: a job in progress, a job
+suspended, another user's job (whose files this user cannot remove
 anyway). Called by the launcher when its job has ended and its ranks on this
 host are gone (:func:`sweep_after_job`, from ``launch/postmortem.run_explained``
 and after each attempt of ``train/restarts.supervise``) and by the first
@@ -24,11 +26,17 @@ limit: a process of this user in another PID namespace that shares this
 """
 import os
 import re
+import shutil
+import tempfile
 import time
+
+from ..files.stale import entries_of_dead_pids
 
 SHM_DIR = '/dev/shm'
 #: The names MPI gives its files (MPICH 4-5; Open MPI 5; Open MPI 4).
 MPI_FILES = re.compile(r'^(mpich_shm_[0-9a-f]+_\d+|sm_segment\..+|vader_segment\..+)$')
+#: Open MPI's session folders (prterun's, a daemon's): ``ompi.<its pid>``.
+SESSION_FOLDER = re.compile(r'^ompi\.(\d+)$')
 #: ``min_age_s`` of the launcher's sweep once its job has ended (its ranks gone).
 AFTER_JOB_S = 0.5
 #: How long the launcher waits for its ranks on this host to be gone before it
@@ -89,9 +97,30 @@ def leftovers(min_age_s, folder=SHM_DIR, in_use=None, now=None, uid=None):
     return [name for name in old if os.path.join(folder, name) not in in_use]
 
 
-def sweep(min_age_s, folder=SHM_DIR):
-    """Remove :func:`leftovers`; return the names removed. Never raises: the
-    sweep only tidies, and a job's end or start must not fail over it."""
+def session_folders(tmpdirs=None, uid=None):
+    """The paths of Open MPI's session folders (``ompi.<pid>``) of user ``uid``
+    (this one) in ``tmpdirs`` (default: ``$TMPDIR`` and ``/tmp``) whose process
+    is gone."""
+    uid = os.getuid() if uid is None else uid
+    if tmpdirs is None:
+        tmpdirs = sorted({tempfile.gettempdir(), '/tmp'})
+    found = []
+    for tmpdir in tmpdirs:
+        for name in sorted(entries_of_dead_pids(tmpdir, SESSION_FOLDER)):
+            path = os.path.join(tmpdir, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_uid == uid and os.path.isdir(path) and not os.path.islink(path):
+                found.append(path)
+    return found
+
+
+def sweep(min_age_s, folder=SHM_DIR, tmpdirs=None):
+    """Remove :func:`leftovers` (in ``folder``) and :func:`session_folders`;
+    return the names removed. Never raises: the sweep only tidies, and a
+    job's end or start must not fail over it."""
     removed = []
     try:
         for name in leftovers(min_age_s, folder):
@@ -100,6 +129,10 @@ def sweep(min_age_s, folder=SHM_DIR):
                 removed.append(name)
             except OSError:
                 pass
+        for path in session_folders(tmpdirs):
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.exists(path):
+                removed.append(os.path.basename(path))
     except Exception:   # noqa: B902 - a sweep that cannot run leaves the files
         pass
     return removed
