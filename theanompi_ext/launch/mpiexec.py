@@ -204,8 +204,10 @@ def wait_job(proc, timeout=None):
     After ``timeout`` seconds every rank is stopped and the status is
     :data:`~theanompi_ext.errors.EXIT_TIMED_OUT`; any exception while waiting
     (Ctrl-C, SIGTERM turned into SystemExit) stops every rank before it
-    propagates.
+    propagates. Whatever MPI's killed processes left on this host is then
+    removed (:mod:`.mpi_leftovers`).
     """
+    from .mpi_leftovers import sweep_after_job
     try:
         return wait_awake(proc, timeout)
     except subprocess.TimeoutExpired:
@@ -214,6 +216,8 @@ def wait_job(proc, timeout=None):
     except BaseException:
         stop_group(proc)
         raise
+    finally:
+        sweep_after_job([])
 
 
 def stop_group(proc, grace=5.0):
