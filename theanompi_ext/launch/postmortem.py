@@ -146,6 +146,12 @@ def _training(notes):
     return sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
 
 
+def _not_finished(training, of):
+    """``ranks 0, 1 of 2 had not finished training`` for the ranks ``training``."""
+    return 'rank%s %s%s had not finished training' % (
+        's' if len(training) > 1 else '', rank_list(training), of)
+
+
 def _failed_notes(notes):
     """The ranks whose notes say ``failed N``, in order."""
     return sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
@@ -163,9 +169,8 @@ def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
     if not failed and training:
         # e.g. Open MPI's prterun given SIGHUP: it ends its ranks and exits 1, silent
         return ('theanompi-ext: the job ended with exit status %d; mpiexec gave no report '
-                'and no rank noted an error (the lines above may say why): rank%s %s%s had '
-                'not finished training' % (status, 's' if len(training) > 1 else '',
-                                           rank_list(training), of))
+                'and no rank noted an error (the lines above may say why): %s'
+                % (status, _not_finished(training, of)))
     if not failed:
         return ('theanompi-ext: the job ended with exit status %d; the ranks\' lines above '
                 'say why' % status)
@@ -196,8 +201,7 @@ def _mpiexec_killed(signum, mpiexec_pid, notes, of):
     except ValueError:
         name = 'signal %d' % signum
     training = _training(notes)
-    ranks = (('; rank%s %s%s had not finished training' % (
-        's' if len(training) > 1 else '', rank_list(training), of)) if training else '')
+    ranks = '; ' + _not_finished(training, of) if training else ''
     return ('theanompi-ext: mpiexec (pid %s on %s) was killed by %s (signal %d), not by this '
             'launcher%s; its ranks ended with it%s (exit status %d)'
             % (mpiexec_pid or '?', socket.gethostname(), name, signum,
@@ -217,7 +221,7 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
     """
     of = ' of %d' % size if size else ''
     if status == 0:
-        vanished = sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
+        vanished = _training(notes)
         if not vanished:
             return None, EXIT_OK
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])

@@ -311,7 +311,8 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
             status, text = run_attempt(cfg, env)
             t_failed, failed_unix = time.monotonic(), time.time()
             left = leftovers.end_leftovers()
-            mpi_leftovers.sweep_after_job([])       # theirs, now they are gone
+            if left:     # the attempt's own end swept before these were killed
+                mpi_leftovers.sweep_after_job([])
             _clean(cfg.out)
             if status == EXIT_OK:
                 if attempt:
