@@ -7,6 +7,7 @@ forgotten --resume, two jobs on one folder, bad output paths, resuming with
 other options). Every job runs under a hard timeout, and every process it
 started is watched: after each fault test none may be left.
 """
+import fcntl
 import json
 import os
 import random
@@ -227,6 +228,50 @@ def test_output_that_cannot_be_written_is_dropped_and_the_job_goes_on(tmp_path, 
     assert 'Traceback' not in r.stderr and 'Exception ignored' not in r.stderr, r.stderr[-3000:]
     assert json.loads((out / 'summary.json').read_text())['iterations'] == 1500
     assert good_checkpoint(out / checkpoint.FILENAME) == 1500
+
+
+def test_output_not_read_for_a_while(tmp_path):
+    """The launcher's standard output is a pipe nobody reads for 15 s, 7 step timeouts (a
+    frozen ssh terminal, Ctrl-S, a pager left open), then read to its end: the job
+    ran on and ends well (0, every step), with a line where the lines it could not
+    hold are missing, and lines the job wrote after the reader came back. Before,
+    the copy blocked, then mpiexec, then the rank printing progress, and its peer's
+    step timeout ended the job (measured: hydra's and the launcher's pipes took 6 s
+    of this job's lines; after 15 s, exit 4, or 255 with no rank's line shown)."""
+    out = tmp_path / 'run'
+    argv = [a for a in LONG if a != '--quiet'] + [
+        '--progress-every', '1', '--max-steps', '24000', '--checkpoint-every', '8000',
+        '--collective-timeout-s', '2']
+    r, w = os.pipe()
+    # a pipe of one page and a hold of 2 kB: lines are dropped under either MPI (Open
+    # MPI's ranks write to a terminal of its own, so their progress, rewritten in place,
+    # is a few lines a second)
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    job = Job(CLI + argv + ['--out', str(out)], tmp_path, stdout=w,
+              env={'THEANOMPI_EXT_OUTPUT_HOLD_MB': '0.002'})
+    os.close(w)
+    try:
+        time.sleep(15)
+        # still training (no summary yet): else this job proved nothing
+        assert job.proc.poll() is None and not (out / 'summary.json').exists(), \
+            job.err()[-3000:]
+        with os.fdopen(r, 'rb') as reader:
+            text = reader.read().decode()
+        rc = job.wait()
+    finally:
+        job.finish()
+    assert rc == 0, (rc, job.err()[-3000:])
+    assert json.loads((out / 'summary.json').read_text())['iterations'] == 24000
+    # the first gap is the stall's (a hold of 2 kB also drops bursts after it)
+    notes = [m for m in re.finditer(
+        r"^theanompi-ext: (\d+) lines? \(.*?\) of the job's standard output (?:was|were) dropped "
+        r"here over (\d+) s: it was not read as fast as the job wrote \(2000 bytes waited\); the "
+        r"job went on$", text, re.M)]
+    assert notes and int(notes[0].group(2)) >= 5, text[-3000:]
+    after = text[notes[0].end():]
+    assert re.search(r'progress: epoch \d+/1000 it \d+/\d+ ', after), text[-3000:]
+    assert 'no progress' not in job.err(), job.err()[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) == 24000
 
 
 # a launcher started as nohup starts it (SIGHUP ignored), and as a shell without job

@@ -56,12 +56,14 @@ class Job(object):
     test fails, so a regression never hangs the suite.
     """
 
-    def __init__(self, cmd, tmp_path, env=None):
+    def __init__(self, cmd, tmp_path, env=None, stdout=None):
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.out_f = open(str(tmp_path / ('job%d.out' % id(self))), 'w+')
         self.err_f = open(str(tmp_path / ('job%d.err' % id(self))), 'w+')
-        self.proc = subprocess.Popen(cmd, stdout=self.out_f, stderr=self.err_f, text=True,
+        # stdout: a descriptor of the caller's instead of the file out() reads
+        self.proc = subprocess.Popen(cmd, stdout=self.out_f if stdout is None else stdout,
+                                     stderr=self.err_f, text=True,
                                      env=full_env, start_new_session=True)
         self.seen = {}
         self._done = threading.Event()

@@ -30,6 +30,7 @@ from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT
 from .after_ranks import AfterRanks, after_ranks_s, note_status
 from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
+from .held_output import HeldOutput, hold_bytes
 from .job_control import JobControl
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
@@ -493,69 +494,45 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _passing(stream, dest, gate, report, launch, shown, name, closed=None):
+def _passing(stream, dest, gate, report, launch, shown, name, closed=None, hold=None):
     """A started daemon thread that copies mpiexec's ``stream`` (:func:`_pass_through`)."""
     thread = threading.Thread(target=_pass_through, name='mpiexec-' + name, daemon=True,
                               args=(stream, dest, gate, report, launch),
-                              kwargs=dict(shown=shown, closed=closed))
+                              kwargs=dict(shown=shown, closed=closed, hold=hold))
     thread.start()
     return thread
 
 
-def _pass_through(stream, dest, gate, *reports, shown=None, closed=None):
+def _pass_through(stream, dest, gate, *reports, shown=None, closed=None, hold=None):
     """Copy the job's ``stream`` to ``dest`` (sys.stdout or sys.stderr) line by
     line, showing each line to each of ``reports``, except what ``gate`` (an
     :class:`~.exit_noise.EndingFilter`) holds back once a report names a rank
-    that died or aborted; returns at the end of the stream. ``shown`` (a list): the
-    last line passed is kept in it. When ``dest``'s reader has gone (a broken
-    pipe: ``| head`` ended), ``dest`` becomes /dev/null and ``closed`` (an Event)
-    is set; when ``dest`` cannot be written otherwise (a full disk under ``>
-    log``), the rest of the job's lines are dropped, with one warning. Either way
-    the stream is still read to its end: an unread pipe would block mpiexec, and
-    the ranks behind it, on their next line."""
-    raw = getattr(dest, 'buffer', None)
-    lost = False
-    for line in iter(stream.readline, b''):
-        for report in reports:
-            report.feed(line)
-        if any(getattr(r, 'pid', None) is not None or getattr(r, 'aborted', None)
-               for r in reports):
-            gate.begin()
-        if not gate.let(line):
-            continue
-        if shown is not None:
-            shown[:] = [line]
-        if lost:
-            continue
-        try:
-            if raw is not None:
-                raw.write(line)
-            else:
-                dest.write(line.decode('utf-8', 'replace'))
-            dest.flush()
-        except OSError as exc:
-            # what dest still buffers, and any later line, goes nowhere without an error
-            output_faults.to_devnull(dest)
-            if not isinstance(exc, BrokenPipeError):
-                lost = True
-                _say_dropped(dest, exc)
-            elif closed is not None:
-                closed.set()
+    that died or aborted; returns at the end of the stream, once what was taken
+    is written. ``shown`` (a list): the last line passed is kept in it.
 
-
-def _say_dropped(dest, exc):
-    """One warning, on standard error unless that is ``dest``: the job's lines to
-    ``dest`` are dropped from now on; the job goes on."""
+    The stream is always read at once: an unread pipe would block mpiexec, and
+    the ranks behind it, on their next line. So the lines reach ``dest``
+    through a :class:`~.held_output.HeldOutput` (``hold`` bytes may wait for a
+    reader that does not keep up; default :func:`~.held_output.hold_bytes`),
+    which also meets a ``dest`` whose reader has gone (``closed`` is set) or that
+    cannot be written (its lines dropped, one warning)."""
+    held = HeldOutput(dest, hold_bytes() if hold is None else hold, closed)
     try:
-        if dest.fileno() == sys.stderr.fileno():
-            return
-        name = getattr(dest, 'name', None)
-        sys.stderr.write(output_faults.dropped_warning(
-            {'<stdout>': 'standard output', 1: 'standard output'}.get(name, name or 'its file'),
-            exc) + '\n')
-        sys.stderr.flush()
-    except (OSError, AttributeError, ValueError):
-        pass
+        for line in iter(stream.readline, b''):
+            for report in reports:
+                report.feed(line)
+            if any(getattr(r, 'pid', None) is not None or getattr(r, 'aborted', None)
+                   for r in reports):
+                gate.begin()
+            if not gate.let(line):
+                continue
+            if shown is not None:
+                shown[:] = [line]
+            held.put(line)
+    finally:
+        held.end()
+    # the thread's end means written: run_explained's last words come after
+    held.join()
 
 
 def _last_words(gate, message, err, heading=None, shown=()):
@@ -613,7 +590,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     """
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        after_ranks_wait = after_ranks_s()
+        after_ranks_wait, hold = after_ranks_s(), hold_bytes()
     except ValueError as exc:
         err.write('theanompi-ext: %s\n' % exc)
         return EXIT_BAD_INPUT
@@ -659,9 +636,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         # (launch/awake.py)
         closed = threading.Event()      # set when our own output's reader has gone
         err_thread = _passing(proc.stderr, err, gate, err_report, launch, shown, 'stderr',
-                              closed)
+                              closed, hold)
         out_thread = _passing(proc.stdout, out, gate, out_report, launch, shown, 'stdout',
-                              closed)
+                              closed, hold)
         watch.start()
 
         def given_up():         # mpiexec stopped, its far hosts out of reach (above)
