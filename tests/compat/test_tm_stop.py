@@ -9,18 +9,27 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from support.jobs import Job, wait_for
 from support.paths import ROOT, root_on_path
+from support.procs import descendants
 
 TIMEOUT = 180
 
 
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGHUP],
-                         ids=lambda s: signal.Signals(s).name)
-def test_a_session_told_to_stop_stops_every_rank(tmp_path, sig):
+@pytest.mark.parametrize('sig,how', [(signal.SIGTERM, 'once'), (signal.SIGHUP, 'once'),
+                                     (signal.SIGTERM, 'every process'),
+                                     (signal.SIGTERM, 'burst')],
+                         ids=['SIGTERM', 'SIGHUP', 'SIGTERM-to-every-process', 'SIGTERM-burst'])
+def test_a_session_told_to_stop_stops_every_rank(tmp_path, sig, how):
+    """``every process``: the signal also goes, at the same moment, to every process
+    of the job (its launcher, mpiexec, the ranks), as a batch scheduler sends it (once
+    in 7 runs the job's launcher ended in a KeyError from inside its handler, the
+    second copy raised in the first's thread start); ``burst``: 100 copies to
+    ``tmxlauncher`` within about 0.1 s (before, a late copy killed it: -15)."""
     model = tmp_path / 'longmodel.py'
     model.write_text(textwrap.dedent('''\
         import sys
@@ -44,14 +53,21 @@ def test_a_session_told_to_stop_stops_every_rank(tmp_path, sig):
         wait_for(lambda: 'epoch 1/' in job.out() or job.proc.poll() is not None, 120,
                  'the first epoch')
         assert job.proc.poll() is None, job.err()[-3000:]
-        os.kill(job.proc.pid, sig)
+        pids = [job.proc.pid] + (descendants(job.proc.pid) if how == 'every process' else [])
+        for k in range(100 if how == 'burst' else 1):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.0005 * (k % 5))
         took = job.gone_within(20)
         rc = job.wait(TIMEOUT)
     finally:
         job.finish()
     name = signal.Signals(sig).name
-    print('\n%s to tmxlauncher -> every process of the job gone in %s s'
-          % (name, took and '%.2f' % took))
+    print('\n%s to tmxlauncher%s -> every process of the job gone in %s s'
+          % (name, '' if how == 'once' else ' (%s)' % how, took and '%.2f' % took))
     assert took is not None and took < 12, took
     assert rc == 128 + sig, (rc, job.err()[-3000:])
     lines = job.err().strip().splitlines()
@@ -61,7 +77,7 @@ def test_a_session_told_to_stop_stops_every_rank(tmp_path, sig):
 
 
 WAIT_SCRIPT = textwrap.dedent('''\
-    import os, signal, subprocess, sys, threading
+    import os, signal, subprocess, sys, threading, time
     from theanompi_ext.theanompi_compat.rule import BSP
     mine = []
     if sys.argv[1] == 'own':
@@ -70,13 +86,23 @@ WAIT_SCRIPT = textwrap.dedent('''\
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rule = BSP()
     # a stand-in job in a process group of its own, as init starts it
-    rule.proc = subprocess.Popen(['sleep', '3'], start_new_session=True)
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    rule.proc = subprocess.Popen(
+        # for a burst, a job that takes 1 s to stop: every copy comes while wait stops it
+        ['sh', '-c', 'trap "sleep 1; exit 143" TERM; sleep 5 & wait']
+        if sys.argv[1].startswith('burst') else ['sleep', '3'], start_new_session=True)
+    sig = signal.SIGINT if sys.argv[1] == 'burst-int' else signal.SIGTERM
+
+    def send():
+        # a burst: Ctrl-C again and again, a scheduler's and a user's kill together
+        for k in range(100 if sys.argv[1].startswith('burst') else 1):
+            os.kill(os.getpid(), sig)
+            time.sleep(0.0005 * (k % 5))
+    threading.Timer(0.5, send).start()
     status = rule.wait()
-    after = signal.getsignal(signal.SIGTERM)
+    after = signal.getsignal(sig)
     print(status, len(mine), rule.proc.returncode,
-          'default' if after == signal.SIG_DFL else 'ignored' if after == signal.SIG_IGN
-          else 'own')
+          'default' if after in (signal.SIG_DFL, signal.default_int_handler) else
+          'ignored' if after == signal.SIG_IGN else 'own')
     ''')
 
 
@@ -87,13 +113,22 @@ WAIT_SCRIPT = textwrap.dedent('''\
     ('own', '0 1 0 own'),
     # ignored when wait started: stays ignored, the job goes on
     ('ignored', '0 0 0 ignored'),
+    # 100 copies: one stop, no traceback, the handlers back after (before, a copy
+    # raised inside the stop)
+    ('burst', '143 0 143 default'),
+    ('burst-int', '130 0 143 default'),
 ])
 def test_wait_catches_sigterm_only_where_it_has_its_default(tmp_path, handler, printed):
     res = subprocess.run([sys.executable, '-c', WAIT_SCRIPT, handler], capture_output=True,
                          text=True, timeout=60, env=root_on_path(), cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == printed.split(), (res.stdout, res.stderr)
-    if handler == 'default':
+    if handler in ('default', 'burst'):
         assert res.stderr.splitlines()[-1] == (
             'theanompi-ext: BSP.wait() stopped by SIGTERM: every rank was stopped (exit '
             'status 143)')
+    if handler == 'burst-int':
+        assert res.stderr.splitlines()[-1] == (
+            'theanompi-ext: BSP.wait() interrupted (Ctrl-C): every rank was stopped (exit '
+            'status 130)')
+    assert 'Traceback' not in res.stderr, res.stderr

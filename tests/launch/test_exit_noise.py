@@ -131,3 +131,31 @@ def test_the_launchers_line_starts_a_line_of_its_own():
     err = io.StringIO()
     _last_words(EndingFilter(), 'theanompi-ext: done', err, shown=[b'a line\n'])
     assert err.getvalue() == 'theanompi-ext: done\n'         # no blank line added
+
+
+# captured: Open MPI 5.0.11's prterun given a second SIGTERM (a scheduler's, then the
+# launcher's stop): its standard error
+OPENMPI_SECOND_SIGNAL = b'Abort is in progress...hit ctrl-c again to forcibly terminate\n\n'
+
+
+def test_prteruns_abort_line_is_held_with_its_blank_line():
+    gate = EndingFilter()
+    gate.begin(banner=True)
+    assert _run(b'rank 1: stopping\n' + OPENMPI_SECOND_SIGNAL + b'\n', gate) == \
+        'rank 1: stopping\n\n'           # the blank line after it is held, a later one not
+    assert gate.summary() == (
+        "theanompi-ext: 1 line of mpiexec's own while the job ended not shown (the last: "
+        "Abort is in progress...hit ctrl-c again to forcibly terminate; "
+        "THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN=1 shows them)")
+
+
+def test_prteruns_abort_line_before_the_end_is_shown_if_the_job_ends_otherwise():
+    # the scheduler's signal reached prterun first: held, as the launcher's stop is
+    # about to begin; a job that then ended some other way shows it
+    gate = EndingFilter()
+    assert _run(OPENMPI_SECOND_SIGNAL, gate) == ''
+    assert gate.unheld() == [OPENMPI_SECOND_SIGNAL.splitlines(keepends=True)[0]]
+    gate = EndingFilter()
+    _run(OPENMPI_SECOND_SIGNAL, gate)
+    gate.begin(banner=True)
+    assert gate.unheld() == [] and len(gate.held) == 1

@@ -31,6 +31,7 @@ import pytest
 from support import suspend
 from support.hosts import cmdline, emulated_hosts, everything_gone, ns_pids
 from support.jobs import wait_for
+from support.procs import descendants
 from support.paths import ROOT
 from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
 from theanompi_ext.launch.after_ranks import AFTER_RANKS_VAR
@@ -157,6 +158,33 @@ def test_launcher_signalled(eh, tmp_path, sig):
     else:
         assert rc == -sig
         assert t_gone < 10
+    whole_checkpoint(job)
+
+
+def test_every_process_on_every_host_signalled(eh, tmp_path):
+    """SIGTERM at once to the launcher, mpiexec and every process on each host (hydra's
+    proxies or Open MPI's daemons, the ranks, their keepers), as a scheduler ends a
+    job on all its nodes (Slurm's scancel, a time limit): the launcher's stop, 143 and
+    its line last, every host clear, the checkpoint whole."""
+    job = Job(eh, str(tmp_path))
+    job.training()
+    pids = sorted({job.proc.pid, *descendants(job.proc.pid),
+                   *[p for h in eh.hosts for p in job.eh_pids(h)]})
+    t0 = time.monotonic()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    rc, _ = job.end()
+    t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
+    print('\nSIGTERM to %d processes on every host -> launcher exit %.2f s, every host '
+          'clear %.2f s' % (len(pids), t_exit, t_gone))
+    assert rc == 143, job.text()[-3000:]
+    assert job.text().strip().splitlines()[-1] == (
+        'theanompi-ext: stopped by SIGTERM: every rank of the job ended (exit status 143)'), \
+        job.text()[-3000:]
+    assert t_gone < 3 + 1 + 2
     whole_checkpoint(job)
 
 

@@ -25,6 +25,7 @@ import pytest
 from theanompi_ext.errors import OutputFolderError
 from theanompi_ext.files import atomic, isolated, sealed
 from theanompi_ext.launch.mpiexec import is_openmpi
+from theanompi_ext.launch.rank_notes import RANKS_PREFIX
 from theanompi_ext.train import checkpoint, outdir
 from theanompi_ext.train.config import TrainConfig
 
@@ -32,7 +33,8 @@ from support.configs import write_cfg
 from support.paths import MPI_DIR
 from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
                           wait_for)
-from support.procs import explained, mpi_cmd, mpiexec, shm_made_since, the_mpiexec
+from support.procs import (descendants, explained, mpi_cmd, mpiexec, shm_made_since,
+                           the_mpiexec)
 
 JOB_TIMEOUT = 180
 CLI = [sys.executable, '-m', 'theanompi_ext']
@@ -120,6 +122,69 @@ def test_signal_to_launcher_stops_every_rank(tmp_path, sig):
                     checkpoint_every=1, eval_every=1000, quiet=True, out=str(out), resume=True)
     outdir.prepare(c).release()
     assert not temporaries(out)
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_burst_of_stop_signals_is_one_stop(tmp_path, sig):
+    """200 copies of the signal to the launcher within about 0.2 s (Ctrl-C pressed
+    again and again, a scheduler and a user's `kill` together): one stop, 128 + the
+    signal from the process itself, its line last, no traceback, nothing left, its
+    notes folder removed. Before, the copies after the stop killed the launcher by
+    the default action after its line (SIGTERM: -15 from Python, 6 runs in 6) or
+    raised KeyboardInterrupt in its clean-up (SIGINT: a traceback, 3 in 3)."""
+    out = tmp_path / 'run'
+    job = Job(CLI + LONG + ['--out', str(out)], tmp_path, env={'TMPDIR': str(tmp_path)})
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or job.proc.poll() is not None,
+                 120, 'the first checkpoints')
+        assert job.proc.poll() is None, job.err()[-3000:]
+        for k in range(200):
+            try:
+                os.kill(job.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(0.0005 * (k % 5))
+        took = job.gone_within(20)
+        rc = job.wait()
+    finally:
+        job.finish()
+    assert took is not None and took < 8, took
+    assert rc == 128 + sig, (rc, job.err()[-3000:])
+    err = job.err()
+    assert err.rstrip().splitlines()[-1] == (
+        'theanompi-ext: stopped by %s: every rank of the job ended (exit status %d)'
+        % (signal.Signals(sig).name, 128 + sig)), err[-3000:]
+    assert 'Traceback' not in err, err[-3000:]
+    assert not [n for n in os.listdir(str(tmp_path)) if n.startswith(RANKS_PREFIX)]
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+
+
+def test_every_process_of_the_job_signalled_at_once(tmp_path):
+    """SIGTERM to the launcher, mpiexec, its proxies and every rank at the same moment,
+    as a batch scheduler ends a job (Slurm's scancel or time limit signals every
+    process of the job step): the same stop as SIGTERM to the launcher alone (143, its
+    line last, every process gone, the checkpoint whole, no temporary left), and
+    mpiexec's line about the second signal it got held back (Open MPI's prterun: 'Abort
+    is in progress...hit ctrl-c again to forcibly terminate', shown 2 times in 3 before)."""
+    out = tmp_path / 'run'
+    job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+    took, rc = signalled_when(
+        job, lambda: (out / checkpoint.PREV_FILENAME).exists(), 'the first checkpoints',
+        signal.SIGTERM, lambda: [job.proc.pid] + descendants(job.proc.pid))
+    print('\nSIGTERM to every process of the job -> every process gone in %s s'
+          % (took and '%.2f' % took))
+    assert took is not None and took < 8, took
+    assert rc == 143, (rc, job.err()[-3000:])
+    err = job.err()
+    assert err.rstrip().splitlines()[-1] == \
+        'theanompi-ext: stopped by SIGTERM: every rank of the job ended (exit status 143)', \
+        err[-3000:]
+    # told at most in the summary of mpiexec's lines held back
+    assert not re.search(r'^Abort is in progress', err, re.M), err[-3000:]
+    assert 'Traceback' not in err, err[-3000:]
+    assert not temporaries(out)
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
 
 
 @pytest.mark.parametrize('sig', [signal.SIGQUIT, signal.SIGUSR2],

@@ -73,3 +73,42 @@ def test_a_benchmark_started_under_nohup_runs_through_sighup(hup_ignored):
         exit_on_stop_signals(stopped)(None)
     assert exc.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+
+
+def test_hold_ignores_the_stop_signals_until_restored(hup_ignored):
+    signal.signal(signal.SIGTERM, _noop)
+    old = stop_signals.hold()
+    assert set(old) == {signal.SIGINT, signal.SIGTERM}        # SIGHUP was ignored already
+    assert all(stop_signals.ignored(s) for s in stop_signals.STOP_SIGNALS)
+    os.kill(os.getpid(), signal.SIGINT)                     # nothing happens
+    stop_signals.restore(old)
+    assert signal.getsignal(signal.SIGTERM) is _noop
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert stop_signals.ignored(signal.SIGHUP)
+
+
+# begin_stop is for good: in a process of its own
+BEGIN_STOP = '''
+import os, signal, sys
+from theanompi_ext import stop_signals
+got = []
+old = stop_signals.catch({signal.SIGTERM: lambda s, f: got.append(s)})
+stop_signals.begin_stop()
+os.kill(os.getpid(), signal.SIGTERM)
+os.kill(os.getpid(), signal.SIGINT)
+stop_signals.restore(old)           # the stop signals stay ignored
+os.kill(os.getpid(), signal.SIGTERM)
+os.kill(os.getpid(), signal.SIGHUP)
+print(got, [stop_signals.ignored(s) for s in stop_signals.STOP_SIGNALS],
+      signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL)
+'''
+
+
+def test_begin_stop_ignores_the_stop_signals_until_the_process_ends():
+    import subprocess
+    import sys
+    from support.paths import root_on_path
+    r = subprocess.run([sys.executable, '-c', BEGIN_STOP], capture_output=True, text=True,
+                       timeout=60, env=root_on_path())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split('\n')[0] == '[] [True, True, True] True', r.stdout

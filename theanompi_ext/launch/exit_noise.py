@@ -14,6 +14,11 @@ rank's ``MPI_Abort``, may add (measured, 5.0.11, 2 emulated hosts)::
 
     [vm:13009] PMIX ERROR: PMIX_ERR_NOT_FOUND in file .../pmix_server.c at line 1747
 
+and, given a second stop signal (the launcher's stop after a scheduler's, which
+signals every process of the job: measured, 5.0.11), ``Abort is in
+progress...hit ctrl-c again to forcibly terminate`` and a blank line: advice
+for a terminal that the launcher's own stop has already followed.
+
 None of it says more than the launcher's own last line
 (``launch/postmortem.py``), which it would otherwise follow or bury.
 :class:`EndingFilter` passes every line through until the end begins, then
@@ -24,9 +29,11 @@ words. Lines of the ranks themselves pass, except Open MPI's own
 ``[HOST:PID]`` lines, which its library may also write inside a rank.
 
 hydra's error trail (``[mpiexec@H]``/``[proxy:N@H] FUNCTION (FILE:LINE): ...``)
-is held even before the end begins: a rank dead on another host makes the
-proxy of this host write it, on standard error, before (or after) mpiexec's
-banner on standard output names the rank (measured, 2 emulated hosts). Held
+is held even before the end begins, as is prterun's abort line (the
+scheduler's signal may reach prterun before the launcher's stop begins): a
+rank dead on another host makes the proxy of this host write it, on standard
+error, before (or after) mpiexec's banner on standard output names the rank
+(measured, 2 emulated hosts). Held
 lines of a job that did not end that way (no report of a rank, no stop) are
 shown as they were, before the launcher's line (:meth:`EndingFilter.unheld`).
 """
@@ -39,6 +46,9 @@ import threading
 HYDRA_LINE = re.compile(rb'^\s*\[(?:(?:mpiexec|proxy:[^\]@]*)@[^\]]*|[^\]\s:@]+:\d+)\]\s*(.*)')
 #: hydra's error trail: ``[mpiexec@H] FUNCTION (FILE:LINE): words``, ``[proxy:N@H] ...``.
 HYDRA_TRAIL = re.compile(rb'^\s*\[(?:mpiexec|proxy:[^\]@]*)@[^\]]*\]\s*\S+ \([^()]*:\d+\):')
+#: prterun's line on a second SIGTERM or SIGINT (followed by a blank line).
+OPENMPI_ABORTING = re.compile(rb'^Abort is in progress\.\.\.hit ctrl-c again to forcibly '
+                              rb'terminate\s*$')
 #: hydra's banner of a process that ended badly, and the lines around it.
 BANNER_LINE = re.compile(rb'^(?:=+\s*$|=   |YOUR APPLICATION TERMINATED|This typically refers|'
                          rb'Please see the FAQ page)')
@@ -60,6 +70,7 @@ class EndingFilter(object):
         self._lock = threading.Lock()
         self.held = []
         self._early = []        # hydra's trail before the end began
+        self._blank_after = False   # prterun's abort line was held: its blank line too
 
     def begin(self, banner=False):
         """The job is ending: hold hydra's lines from now; with ``banner`` (a stop
@@ -74,6 +85,14 @@ class EndingFilter(object):
         if self._show:
             return True
         with self._lock:
+            if self._blank_after:
+                self._blank_after = False
+                if not line.strip():
+                    return False
+            if OPENMPI_ABORTING.match(line):
+                self._blank_after = True
+                (self.held if self._ending.is_set() else self._early).append(line)
+                return False
             if not self._ending.is_set():
                 if HYDRA_TRAIL.match(line):
                     self._early.append(line)
@@ -95,7 +114,8 @@ class EndingFilter(object):
         """One line on what was held, or None when nothing was."""
         with self._lock:
             held = list(self.held)
-        words = [HYDRA_LINE.match(l).group(1) for l in held if HYDRA_LINE.match(l)]
+        words = [HYDRA_LINE.match(l).group(1) if HYDRA_LINE.match(l) else l for l in held
+                 if HYDRA_LINE.match(l) or OPENMPI_ABORTING.match(l)]
         words = [WHERE.sub('', w.decode('utf-8', 'replace').strip()) for w in words]
         words = [w for w in words if w]
         if not held:

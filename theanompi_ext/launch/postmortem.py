@@ -340,11 +340,14 @@ def _disarm_stop_bound():
 
 
 def _stopped(signum, frame):
+    # first: a second signal must not raise inside the bound's thread start
+    stop_signals.begin_stop()
     _arm_stop_bound(signum)
     raise Stopped(signum)
 
 
 def _interrupted(signum, frame):
+    stop_signals.begin_stop()
     _arm_stop_bound(signum)
     raise KeyboardInterrupt
 
@@ -568,7 +571,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     stop every rank (:func:`stop_job`) and return
     128 + the signal's number (130, 143, 129), unless ignored when we started
     (:mod:`theanompi_ext.stop_signals`); so does a closed ``out`` or ``err`` (its
-    reader gone: 141, as SIGPIPE); if this process is SIGKILLed,
+    reader gone: 141, as SIGPIPE). From such a stop on, this process ignores the
+    stop signals until it ends (``stop_signals.begin_stop``: every caller ends on a
+    stop's status). If this process is SIGKILLed,
     mpiexec gets SIGKILL from the kernel and the ranks follow
     (``launch/mpiexec.popen_job``, ``train/faults.stop_with_parent``).
     Returns the exit status (see :mod:`theanompi_ext.errors`).
@@ -676,9 +681,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     except (KeyboardInterrupt, Stopped) as exc:
         signum = getattr(exc, 'signum', signal.SIGINT)
         gate.begin(banner=True)
-        # a second signal while stopping must not cut the stop short
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+        # a second signal while stopping must not cut the stop short, nor end the
+        # launcher after it (its handlers are not put back: the process is ending)
+        stop_signals.begin_stop()
         for w in (start_watch, time_limit):
             if w is not None:
                 w.finish()

@@ -186,6 +186,10 @@ def check_exchange_options(sync_type, exch_strategy, wire):
 
 def _raise_stopped(signum, frame):
     from ..launch.postmortem import Stopped
+    # the stop's own second signal is ignored until wait returns (stop_signals.hold)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is _raise_stopped:
+            signal.signal(sig, signal.SIG_IGN)
     raise Stopped(signum)
 
 
@@ -319,23 +323,35 @@ class BSP(object):
         # Ctrl-Z pauses the job (its own launcher pauses the ranks), fg resumes it
         job_control = PassOn(self.proc).install()
         caught = _catch_default_stops()
+        held = {}
         try:
             return wait_awake(self.proc, timeout)   # Ctrl-C taken by any thread of the session
         except KeyboardInterrupt:
+            held = self._hold_stops()       # a second Ctrl-C must not cut the stop short
             return self._stopped(130, 'interrupted (Ctrl-C)')
         except subprocess.TimeoutExpired:
             return self._stopped(124, 'still running after timeout=%g s' % timeout)
         except Stopped as exc:
-            for sig in caught:          # a second one must not cut the stop short
-                signal.signal(sig, signal.SIG_IGN)
+            held = self._hold_stops()
             return self._stopped(EXIT_SIGNAL_BASE + exc.signum, 'stopped by %s' % exc)
         finally:
+            # the caller's process goes on: its handlers back, in the order taken
+            stop_signals.restore(held)
             stop_signals.restore(caught)
             job_control.restore()
             if self._forward is not None and self.proc.poll() is not None:
                 self._forward.detach()      # checkpoint_signal: ours again once the job ended
                 self._forward.restore()
                 self._forward = None
+
+    #: Set by ``tmxlauncher``, whose process ends when wait returns: a stop's later
+    #: copies of the signal stay ignored (``stop_signals.begin_stop``), not put back.
+    _ends_process = False
+
+    def _hold_stops(self):
+        if self._ends_process:
+            return stop_signals.begin_stop()
+        return stop_signals.hold()
 
     def _stopped(self, status, why):
         from ..launch.mpiexec import stop_group

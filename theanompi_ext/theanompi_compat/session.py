@@ -254,6 +254,7 @@ def _main(argv):
             from .dry_run import plan_lines
             return plan_lines(s)
         rule = BSP()
+        rule._ends_process = True           # a stop is this process's end
         rule.sync_type, rule.exch_strategy = s['sync_type'], s['exch_strategy']
         rule.init(s['devices'], s['modelfile'], s['modelclass'], **s['options'])
     except (Unreachable, CacheUnusable) as exc:  # not usage errors: a host down, a cache

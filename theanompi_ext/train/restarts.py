@@ -284,6 +284,7 @@ class _Stopped(Exception):
 
 
 def _raise_stopped(signum, frame):
+    stop_signals.begin_stop()       # first: a second signal must not cut the stop short
     raise _Stopped(signum)
 
 
@@ -375,6 +376,7 @@ def supervise(cfg, run_attempt, err=None, sleep=time.sleep):
             if resumed is not None:
                 cfg = dataclasses.replace(cfg, resume=True, overwrite=False)
     except (KeyboardInterrupt, _Stopped) as exc:
+        stop_signals.begin_stop()
         signum = getattr(exc, 'signum', signal.SIGINT)
         leftovers.end_leftovers()
         status = EXIT_SIGNAL_BASE + signum
