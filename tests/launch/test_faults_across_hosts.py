@@ -35,7 +35,7 @@ from support.procs import descendants
 from support.paths import ROOT
 from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
 from theanompi_ext.launch.after_ranks import AFTER_RANKS_VAR
-from theanompi_ext.launch.emulated_hosts import HUB_ADDRESS
+from theanompi_ext.launch.emulated_hosts import HOST_DEV, HUB_ADDRESS
 from theanompi_ext.launch.hostlists import format_hostfile
 from theanompi_ext.launch.job_control import process_state
 from theanompi_ext.train import checkpoint
@@ -186,6 +186,58 @@ def test_every_process_on_every_host_signalled(eh, tmp_path):
         job.text()[-3000:]
     assert t_gone < 3 + 1 + 2
     whole_checkpoint(job)
+
+
+# a firewall between the hosts that rejects (a prohibit route: the sender gets EACCES)
+# or drops (a neighbour entry to no one: nothing comes back); the hub stays reachable
+BLOCKS = {'rejected': (['route', 'add', 'prohibit', '{addr}/32'],
+                       ['route', 'del', 'prohibit', '{addr}/32']),
+          'dropped': (['neigh', 'replace', '{addr}', 'lladdr', '02:00:00:00:00:99', 'nud',
+                       'permanent', 'dev', HOST_DEV], ['neigh', 'del', '{addr}', 'dev', HOST_DEV])}
+
+
+@pytest.mark.parametrize('block', sorted(BLOCKS))
+def test_hosts_whose_ranks_cannot_reach_each_other(eh, tmp_path, block):
+    """The ranks of the two hosts cannot reach each other, both still reaching the
+    launcher's hub. Rejected: the launcher says which rank could not reach which host
+    and what to look at (3), not that a rank died (Open MPI, before) nor 'the ranks'
+    lines above say why' after the MPI's error stacks (MPICH, before). Dropped: MPI's
+    start waits, and --start-timeout-s ends it (4) naming that cause among the others.
+    Nothing is left on either host."""
+    add, remove = BLOCKS[block]
+    routes = [(eh.namespace(me), eh.address(other))
+              for me, other in (eh.hosts[:2], eh.hosts[1::-1])]
+    for ns, address in routes:
+        subprocess.run(['ip', '-n', ns] + [w.format(addr=address) for w in add], check=True)
+    try:
+        t0 = time.monotonic()
+        job = Job(eh, str(tmp_path), '--start-timeout-s', '8')
+        rc, _ = job.end()
+        t_gone = everything_gone(eh, t0)
+    finally:
+        for ns, address in routes:
+            subprocess.run(['ip', '-n', ns] + [w.format(addr=address) for w in remove])
+    print('\nhosts that cannot reach each other (%s) -> status %d, every host clear %.2f s '
+          'after the start' % (block, rc, t_gone))
+    last = job.text().strip().splitlines()[-1]
+    if block == 'dropped':
+        assert rc == 4, job.text()[-3000:]
+        assert 'not every rank joined (a host unreachable, a link down, ranks of different ' \
+            'hosts that cannot reach each other, or the start-up hung' in last, last
+        assert t_gone < 8 + 10
+        return
+    assert rc == 3, job.text()[-3000:]
+    assert last.endswith('the ranks of different hosts must reach each other over TCP, on any '
+                         'port (a firewall between the hosts, or an interface they do not '
+                         'share: --iface; docs/multinode.md)%s (exit status 3)'
+                         % ('; mpiexec stopped the other ranks' if eh.openmpi else '')), last
+    if eh.openmpi:
+        assert re.match(r'theanompi-ext: rank \d of 2 on tmxh\d could not connect to a rank on '
+                        r'tmxh\d \(10\.77\.0\.\d+, port \d+: Permission denied\)', last), last
+    else:
+        assert re.match(r"theanompi-ext: rank \d of 2 could not start MPI \(MPICH's MPI_Init: "
+                        r".*Permission denied\)\)", last), last
+    assert t_gone < 10
 
 
 def test_mpiexec_killed(eh, tmp_path):
@@ -698,8 +750,8 @@ def test_link_down_at_start(eh, tmp_path):
     cannot call back to the launcher, and the launcher names the host (status 2)."""
     eh.cut('tmxh1')
     try:
-        job = Job(eh, str(tmp_path))
         t0 = time.monotonic()
+        job = Job(eh, str(tmp_path))
         rc, _ = job.end()
         last, t_gone = _not_started(job, t0)
     finally:

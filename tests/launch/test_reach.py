@@ -304,3 +304,89 @@ def test_a_daemon_lost_during_the_run_is_named():
     # no banner, or one without a host: the message as it was
     assert with_daemon_lost('theanompi-ext: x', None) == 'theanompi-ext: x'
     assert with_daemon_lost('theanompi-ext: x', [None, None]) == 'theanompi-ext: x'
+
+
+# captured: 2 emulated hosts x 1 rank, a prohibit route between the hosts (the hub
+# reachable): Open MPI 5.0.11's standard error, and MPICH 5.0.2's (one rank's stack)
+OPENMPI_CANNOT_CONNECT = b"""[tmxh1][[60021,1],1][/openmpi-5.0.11/opal/mca/btl/tcp/btl_tcp_endpoint.c:854:mca_btl_tcp_endpoint_start_connect] peer: tmxh0 Unable to connect to the peer 10.77.0.1 on port 1024: Permission denied
+
+[tmxh1:00000] *** An error occurred in Socket closed
+[tmxh1:00000] *** reported by process [3933536257,1]
+[tmxh1:00000] *** on a NULL communicator
+[tmxh1:00000] *** Unknown error
+--------------------------------------------------------------------------
+prterun has exited due to process rank 1 with PID 22179 on node tmxh1 calling
+"abort". This may have caused other processes in the application to be
+terminated by signals sent by prterun (as reported here).
+--------------------------------------------------------------------------
+"""
+MPICH_INIT_FAILED = b"""Abort(678577423) on node 1: Fatal error in internal_Init_thread: Other MPI error, error stack:
+internal_Init_thread(71)....................: MPI_Init_thread(argc=(nil), argv=(nil), required=3, provided=0x7ffc468c9d60) failed
+MPII_Init_thread(333).......................: 
+MPIR_init_comm_world(37)....................: 
+check_num_nics(130).........................: 
+MPIC_Sendrecv(273)..........................: 
+MPIDI_OFI_send_lightweight(108).............: OFI call tinjectdata failed (default nic=eth0: Permission denied)
+Abort(611468559) on node 0: Fatal error in internal_Init_thread: Other MPI error, error stack:
+internal_Init_thread(71)....................: MPI_Init_thread(argc=(nil), argv=(nil), required=3, provided=0x7ffe88177bd0) failed
+MPIDI_OFI_send_lightweight(108).............: OFI call tinjectdata failed (default nic=eth0: Invalid argument)
+"""
+REACH = ('the ranks of different hosts must reach each other over TCP, on any port (a '
+         'firewall between the hosts, or an interface they do not share: --iface; '
+         'docs/multinode.md)')
+
+
+def _fed(text):
+    from theanompi_ext.launch.postmortem import LauncherReport
+    rep = LauncherReport()
+    for line in text.splitlines(True):
+        rep.feed(line)
+    return rep
+
+
+def test_ranks_that_cannot_reach_each_other_are_said_so_not_a_death():
+    """Before, Open MPI's case read 'a rank on another host died: a rank on tmxh1 saw
+    its connection closed', and MPICH's 'the job ended with exit status 15; the ranks'
+    lines above say why' after 30 lines of error stacks."""
+    from theanompi_ext.launch.postmortem import explain
+    rep = _fed(OPENMPI_CANNOT_CONNECT)
+    assert rep.unreachable_peer == (1, 'tmxh1', 'tmxh0', '10.77.0.1', 1024, 'Permission denied')
+    msg, status = explain(14, rep, {}, 2)
+    assert status == 3 and msg == (
+        'theanompi-ext: rank 1 of 2 on tmxh1 could not connect to a rank on tmxh0 (10.77.0.1, '
+        'port 1024: Permission denied): %s; mpiexec stopped the other ranks (exit status 3)'
+        % REACH)
+    # the first rank's stack, its deepest words
+    rep = _fed(MPICH_INIT_FAILED)
+    assert rep.init_failed == (1, 'OFI call tinjectdata failed (default nic=eth0: Permission '
+                                  'denied)')
+    msg, status = explain(15, rep, {}, 2)
+    assert status == 3 and msg == (
+        "theanompi-ext: rank 1 of 2 could not start MPI (MPICH's MPI_Init: OFI call "
+        "tinjectdata failed (default nic=eth0: Permission denied)); with ranks on several "
+        "hosts, %s (exit status 3)" % REACH)
+    # a stack without words: the rank is named, the stack above is the cause
+    rep = _fed(MPICH_INIT_FAILED.splitlines(True)[0] + b'internal_Init_thread(71)...: \n')
+    assert rep.init_failed == (1, None)
+    assert 'see its error stack above' in explain(15, rep, {}, 2)[0]
+
+
+def test_an_abort_after_mpi_started_is_not_a_failed_start():
+    from theanompi_ext.launch.postmortem import explain
+    rep = _fed(b'Abort(4) on node 0 (rank 0 in comm 0): application called '
+               b'MPI_Abort(MPI_COMM_WORLD, 4) - process 0\n')
+    assert rep.init_failed is None and rep.aborted == (0, None, 4)
+    # a rank noted its own error before an init failure was seen elsewhere: that error
+    rep = _fed(MPICH_INIT_FAILED)
+    msg, status = explain(3, rep, {0: (5, 'h0', 'failed 3'), 1: (6, 'h1', 'running')}, 2)
+    assert 'could not start MPI' not in msg
+
+
+def test_ranks_that_cannot_reach_each_other_may_be_restarted_once():
+    # a link may come back; a firewall stays, and the same failure twice ends the restarts
+    from theanompi_ext.launch.postmortem import explain
+    from theanompi_ext.train.restarts import classify
+    for text, status in ((OPENMPI_CANNOT_CONNECT, 14), (MPICH_INIT_FAILED, 15)):
+        msg, status = explain(status, _fed(text), {}, 2)
+        assert classify(status, msg) == (True, 'the ranks of different hosts could not reach '
+                                               'each other')

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from theanompi_ext import stop_signals
 from theanompi_ext.errors import CheckpointError
 from theanompi_ext.train import attempt, restarts
 from theanompi_ext.train.config import TrainConfig
@@ -290,7 +291,18 @@ def test_failure_before_any_checkpoint_starts_again_from_the_start(tmp_path):
     assert 'resuming from the start (no checkpoint yet), 2 iterations lost' in err
 
 
-def test_a_stop_between_attempts_restarts_nothing(tmp_path):
+@pytest.fixture
+def stop_state():
+    """The stop signals' handlers, and stop_signals' word that a stop has begun, put
+    back after a test that stops in this process (a stop is for good there)."""
+    before = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
+    yield
+    stop_signals._stop_begun.clear()
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_a_stop_between_attempts_restarts_nothing(tmp_path, stop_state):
     out = str(tmp_path)
     cfg = TrainConfig(out=out, max_restarts=3).validate()
     job = FakeJob(out, [(9, KILLED, 3, 2)] * 2)
@@ -300,7 +312,8 @@ def test_a_stop_between_attempts_restarts_nothing(tmp_path):
     err = _Err()
     assert restarts.supervise(cfg, job, err=err, sleep=backoff) == 143
     assert len(job.calls) == 1 and 'stopped by SIGTERM between attempts' in err.text
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    # the process is ending: a later copy of the signal must not kill it first
+    assert all(stop_signals.ignored(s) for s in stop_signals.STOP_SIGNALS)
 
 
 def test_checkpoint_cost_record():
@@ -328,8 +341,9 @@ def test_another_runs_checkpoint_is_not_restarted_from(tmp_path):
 UNREACHED = ('theanompi-ext: host tmxh1 could not be reached (`wrapper tmxh1 true` did not '
              'answer within 10 s); no rank was started (exit status 2)')
 NOT_STARTED = ('theanompi-ext: the job did not start within 20 s (start_timeout_s): not every '
-               'rank joined (a host unreachable, a link down, or the start-up hung); every '
-               'rank was stopped (exit status 4)')
+               'rank joined (a host unreachable, a link down, ranks of different hosts that '
+               'cannot reach each other, or the start-up hung: docs/multinode.md); every rank '
+               'was stopped (exit status 4)')
 
 
 def test_a_host_unreachable_is_bad_input_at_the_first_start_only(tmp_path):

@@ -55,6 +55,23 @@ is the rank in MPI_COMM_WORLD)::
 
     Abort(4) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 4) - process 0
 
+A rank that could not reach another (a firewall between the hosts, an
+interface they do not share). Open MPI says whom (5.0.11, measured on 2
+emulated hosts with a prohibit route between them)::
+
+    [tmxh1][[63893,1],1][.../btl_tcp_endpoint.c:854:mca_btl_tcp_endpoint_start_connect]
+        peer: tmxh0 Unable to connect to the peer 10.77.0.1 on port 1024: Permission denied
+
+(one line), kept in :attr:`LauncherReport.unreachable_peer`; MPICH (5.0.2) only
+that MPI_Init failed, the cause on the last line of its error stack::
+
+    Abort(678577423) on node 1: Fatal error in internal_Init_thread: Other MPI error, ...
+    internal_Init_thread(71)....: MPI_Init_thread(...) failed
+    ...
+    MPIDI_OFI_send_lightweight(108)....: OFI call tinjectdata failed (default nic=eth0: Permission denied)
+
+kept in :attr:`LauncherReport.init_failed` as ``(rank, cause)``.
+
 Open MPI's own exit status for a rank killed by signal N is 128 + N where
 hydra's is N; :attr:`LauncherReport.signal` lets the launcher give the same
 status under both (``theanompi_ext/errors.py``).
@@ -78,6 +95,12 @@ _OMPI_LOCAL_HOST = re.compile(rb'^\s*Local host:\s+(\S+)')
 _OMPI_PEER_HOST = re.compile(rb'^\s*Peer host:\s+(\S+)')
 _OMPI_SOCKET_CLOSED = re.compile(rb'^\s*\[([^\]\s:]+):\d+\] \*\*\* '
                                  rb'An error occurred in Socket closed')
+_OMPI_CONNECT = re.compile(rb'^\s*\[([^\]\s]+)\]\[\[\d+,\d+\],(\d+)\]\[[^\]]*\] peer: (\S+) '
+                           rb'Unable to connect to the peer (\S+) on port (\d+): (.*\S)')
+_MPICH_INIT_FAILED = re.compile(rb'^Abort\(-?\d+\) on node (\d+)(?: \(rank \d+ in comm \d+\))?: '
+                                rb'Fatal error in \w*Init\w*:')
+#: A line of MPICH's error stack: ``FUNCTION(LINE)......: words`` (words may be empty).
+_MPICH_STACK = re.compile(rb'^[A-Za-z_]\w*\(\d+\)\.*:\s*(.*?)\s*$')
 #: Lines of Open MPI's text joined before matching: its sentences wrap.
 _OMPI_WINDOW = 3
 
@@ -98,7 +121,10 @@ class LauncherReport(object):
     a rank whose connection closed under another (Open MPI), or None;
     ``aborted``: ``(rank, host, code)`` of a rank that called ``MPI_Abort``
     (Open MPI; ``code`` None if its ``Errorcode`` line was not seen; MPICH:
-    ``host`` None), or None.
+    ``host`` None), or None; ``unreachable_peer``: ``(rank, host, peer host,
+    address, port, why)`` of the first rank that could not connect to another
+    (Open MPI), or None; ``init_failed``: ``(rank, cause)`` of the first rank whose
+    MPI_Init failed (MPICH), or None.
     """
 
     def __init__(self):
@@ -106,6 +132,8 @@ class LauncherReport(object):
         self.signal = None
         self.unfinished = False
         self.peer_lost = self.aborted = None
+        self.unreachable_peer = self.init_failed = None
+        self._in_init_stack = False
         self._abort_code = None
         self._disconnected, self._local_host = False, None
         self._window = []
@@ -120,6 +148,7 @@ class LauncherReport(object):
             self.peer_lost = None
 
     def _feed(self, line):
+        self._feed_unreachable(line)
         self._feed_hydra(line)
         self._feed_disconnect(line)
         self._window = (self._window + [line.strip()])[-_OMPI_WINDOW:]
@@ -151,6 +180,28 @@ class LauncherReport(object):
             self.exit_string = _text(m.group(1))
             sig = _HYDRA_SIGNAL.search(self.exit_string)
             self.signal = int(sig.group(1)) if sig else None
+
+    def _feed_unreachable(self, line):
+        m = _OMPI_CONNECT.search(line)
+        if m and self.unreachable_peer is None:
+            self.unreachable_peer = (int(m.group(2)), _text(m.group(1)), _text(m.group(3)),
+                                     _text(m.group(4)), int(m.group(5)), _text(m.group(6)))
+        stripped = line.strip()
+        m = _MPICH_INIT_FAILED.search(stripped)
+        if m:
+            # the first rank's stack is the one kept
+            self._in_init_stack = self.init_failed is None
+            if self.init_failed is None:
+                self.init_failed = (int(m.group(1)), None)
+            return
+        if not self._in_init_stack:
+            return
+        m = _MPICH_STACK.search(stripped)
+        if not m:
+            self._in_init_stack = False        # the stack has ended
+        elif m.group(1):
+            # the deepest words are the cause; 'MPI_Init_thread(...) failed' the least
+            self.init_failed = (self.init_failed[0], _text(m.group(1)))
 
     def _feed_disconnect(self, line):
         if _OMPI_DISCONNECTED.search(line):

@@ -37,8 +37,8 @@ from .mpiexec import child_env, is_openmpi, popen_job
 from .rank_keeper import LAUNCHER_HOST_VAR
 from .rank_notes import (RANKS_DIR_VAR, make_ranks_folder, rank_list, read_rank_notes,
                          unfinished)
-from .reach import (LaunchWatch, explain_launch, not_started, proxy_program,
-                    with_daemon_lost)
+from .reach import (REACH_EACH_OTHER, LaunchWatch, explain_launch, not_started,
+                    proxy_program, with_daemon_lost)
 from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
@@ -131,6 +131,22 @@ def _peer_lost(lost, notes, of):
     return ('theanompi-ext: %s died: a rank on %s saw its connection closed (Open MPI: "%s"); '
             'mpiexec stopped the other ranks (exit status %d)'
             % (who, seen_from, words, EXIT_FAILED)), EXIT_FAILED
+
+
+def _cannot_connect(unreachable, of):
+    """The message of a rank that could not connect to another (Open MPI says whom)."""
+    rank, host, peer_host, address, port, why = unreachable
+    return ('theanompi-ext: rank %d%s on %s could not connect to a rank on %s (%s, port %d: '
+            '%s): %s; mpiexec stopped the other ranks (exit status %d)'
+            % (rank, of, host, peer_host, address, port, why, REACH_EACH_OTHER, EXIT_FAILED))
+
+
+def _init_failed(init_failed, of):
+    """The message of a rank whose MPI_Init failed (MPICH: only the cause)."""
+    rank, cause = init_failed
+    return ("theanompi-ext: rank %d%s could not start MPI (MPICH's MPI_Init: %s); with ranks "
+            "on several hosts, %s (exit status %d)"
+            % (rank, of, cause or 'see its error stack above', REACH_EACH_OTHER, EXIT_FAILED))
 
 
 def _failed_itself(report, notes):
@@ -233,6 +249,11 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
         # asked for (train --on-checkpoint-signal stop): rank 0's line above says where
         return ('theanompi-ext: all %d ranks stopped after the checkpoint, as asked: the job '
                 'can be resumed (exit status %d)' % (len(notes), status)), status
+    if report.pid is None and report.unreachable_peer:
+        # Open MPI then also reports the rank's closed socket: not a death
+        return _cannot_connect(report.unreachable_peer, of), EXIT_FAILED
+    if report.pid is None and report.init_failed and not _failed_notes(notes):
+        return _init_failed(report.init_failed, of), EXIT_FAILED
     if report.pid is None and report.peer_lost and status != EXIT_TIMEOUT and \
             not _failed_itself(report, notes):
         failed = _failed_notes(notes)

@@ -48,6 +48,11 @@ NOT_FOUND_STATUS = 127
 #: (hydra starts its proxy on each host by the launcher's own path, without the host).
 MISSING_PROGRAM = re.compile(rb'(/[^\s:]+): (?:No such file or directory|command not found'
                              rb'|not found)\s*$')
+#: Why the ranks of different hosts may not reach each other once started, and what
+#: to look at (the launcher's line: ``launch/postmortem.py``; ``train/restarts.py``).
+REACH_EACH_OTHER = ('the ranks of different hosts must reach each other over TCP, on any port '
+                    '(a firewall between the hosts, or an interface they do not share: --iface; '
+                    'docs/multinode.md)')
 
 
 def probe(host, agent=None, timeout=PROBE_TIMEOUT_S, command=('true',)):

@@ -20,7 +20,8 @@ NOT_STARTED = 'the job did not start within'
 def not_started_message(timeout_s, status):
     """The launcher's line for a job stopped by :class:`StartWatch`."""
     return ('theanompi-ext: %s %g s (start_timeout_s): not every rank joined (a host '
-            'unreachable, a link down, or the start-up hung); every rank was stopped '
+            'unreachable, a link down, ranks of different hosts that cannot reach each '
+            'other, or the start-up hung: docs/multinode.md); every rank was stopped '
             '(exit status %d)' % (NOT_STARTED, timeout_s, status))
 
 

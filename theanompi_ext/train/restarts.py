@@ -34,6 +34,7 @@ import time
 from .. import output_faults, stop_signals
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE,
                       EXIT_TIMEOUT)
+from ..launch.reach import REACH_EACH_OTHER
 from ..launch.start_watch import NOT_STARTED
 from . import attempt as attempt_vars
 
@@ -117,6 +118,9 @@ def classify(status, message=''):
     if status == EXIT_FAILED:
         if 'ended without finishing training' in message:
             return Verdict(True, 'a rank vanished')
+        if REACH_EACH_OTHER in message:
+            # a firewall stays (the same failure twice ends the restarts); a link may heal
+            return Verdict(True, 'the ranks of different hosts could not reach each other')
         if any(name in message for name in _DETERMINISTIC):
             return Verdict(False, 'the run diverged or cannot write (a restart meets it again)')
         if _MPI_LOST.search(message):
