@@ -4,6 +4,7 @@ The helpers themselves are in tests/support/ (importable as ``support``:
 pytest puts this file's folder on ``sys.path``).
 """
 import os
+import signal
 
 import pytest
 
@@ -24,6 +25,15 @@ os.environ.setdefault('POCL_CACHE_DIR', os.path.join(ROOT, '.cache', 'pocl'))
 # project gives its own mpiexec (Open MPI run as root, docs/openmpi.md).
 for _var, _value in MPI_ENV_DEFAULTS.items():
     os.environ.setdefault(_var, _value)
+
+
+# A suite run under nohup (as CI may be) has SIGHUP ignored, and every job a test
+# starts would inherit that: the launcher keeps an ignored stop signal ignored, so
+# the tests that send SIGHUP (a terminal's hangup) hung for their 180 s. A handler
+# of our own instead: the suite still outlives a hangup, and a child starts with the
+# default (exec resets a handled signal, not an ignored one).
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 def pytest_collection_modifyitems(config, items):
