@@ -124,9 +124,6 @@ class HeldOutput(object):
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def is_alive(self):
-        return self._thread.is_alive()
-
     def _next(self):
         with self._cond:
             while not self._waiting and not self._ended:
