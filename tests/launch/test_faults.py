@@ -554,6 +554,7 @@ def test_exit_order_sees_which_rank_exited_first(tmp_path):
             p.wait()
         watch.join(5)
         assert [r for _, r in watch.exits] == [1, 0] and watch.first() == 1
+        assert watch.wall[1] < watch.wall[0]       # and when, by the wall clock
     finally:
         for p in procs:
             p.kill()

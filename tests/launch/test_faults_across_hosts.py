@@ -108,6 +108,19 @@ class Job(object):
         return self.log.read()
 
 
+def signalled(eh, job, pids, sig):
+    """``sig`` to each of ``pids`` of ``job``; (the launcher's status, seconds to its
+    exit, seconds until no process is left on any host), from the signal."""
+    t0 = time.monotonic()
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    rc, _ = job.end()
+    return rc, time.monotonic() - t0, everything_gone(eh, t0)
+
+
 def whole_checkpoint(job):
     """The last checkpoint reads back with its checksum (``checkpoint.read``)."""
     checkpoint.read(os.path.join(job.out, checkpoint.FILENAME)).close()
@@ -134,6 +147,44 @@ def test_rank_killed_on_the_far_host(eh, tmp_path):
     # (Open MPI's output may leave a NUL byte before it)
     assert job.text().replace('\0', '').strip().splitlines()[-1].startswith(
         'theanompi-ext: rank 1 of 2 ('), job.text()[-3000:]
+    assert t_gone < 15
+    whole_checkpoint(job)
+
+
+def test_far_hosts_mpi_daemon_killed(eh, tmp_path):
+    """The far host's MPI daemon SIGKILLed alone (MPICH's ``hydra_pmi_proxy``, Open
+    MPI's ``prted``: the OOM killer may pick it), its rank left running. mpiexec
+    loses its connection to that host: MPICH says only ``assert (!closed) failed``
+    and exits 255, Open MPI prints its spawn banner and exits 0. Either way the
+    launcher names the host and the daemon, status 3 (restartable); MPICH's line
+    names the far rank, the first to end (its keeper's note: launch/proxy_lost.py).
+    Every host clear, the last checkpoint whole."""
+    from theanompi_ext.train.restarts import classify, culprit
+    job = Job(eh, str(tmp_path))
+    job.training()
+    name = b'prted' if eh.openmpi else b'hydra_pmi_proxy'
+    daemons = [p for p in job.eh_pids('tmxh1')
+               if os.path.basename(cmdline(p).split(b'\0')[0]) == name]
+    far_rank = job.ranks('tmxh1')
+    assert daemons and far_rank, job.text()[-3000:]
+    rc, t_exit, t_gone = signalled(eh, job, daemons, signal.SIGKILL)
+    print('\nSIGKILL of the MPI daemon on tmxh1 -> launcher exit %.2f s, every host clear '
+          '%.2f s' % (t_exit, t_gone))
+    text = job.text()
+    last = text.replace('\0', '').strip().splitlines()[-1]
+    assert rc == 3, text[-3000:]
+    if eh.openmpi:
+        assert re.match(r"theanompi-ext: host tmxh1: Open MPI's daemon \(prted\) ended during "
+                        r"the run", last), text[-3000:]
+    else:
+        assert re.fullmatch(
+            r"theanompi-ext: mpiexec lost the MPI proxy \(hydra_pmi_proxy\) of host tmxh1 during "
+            r"the run: .*; rank 1 of 2 \(pid %d on tmxh1\) died: it ended without finishing "
+            r"training, the first rank to end \(its keeper on tmxh1 noted it\); mpiexec "
+            r"stopped the other ranks \(exit status 3\)" % far_rank[0], last), text[-3000:]
+        assert culprit(last) == (1, 'tmxh1')
+        assert 'assert (!closed) failed' not in text, text[-3000:]
+    assert classify(rc, last).restartable
     assert t_gone < 15
     whole_checkpoint(job)
 
@@ -299,11 +350,7 @@ def test_far_ranks_stopped(eh, tmp_path):
     job = Job(eh, str(tmp_path))
     job.training()
     far = job.ranks('tmxh1')
-    t0 = time.monotonic()
-    for pid in far:
-        os.kill(pid, signal.SIGSTOP)
-    rc, _ = job.end()
-    t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
+    rc, t_exit, t_gone = signalled(eh, job, far, signal.SIGSTOP)
     print('\nSIGSTOP of tmxh1\'s ranks -> launcher exit %.2f s, every host clear %.2f s '
           '(collective_timeout_s=%d)' % (t_exit, t_gone, TIMEOUT_S))
     text = job.text()

@@ -14,6 +14,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,8 @@ from support.configs import write_cfg
 from support.paths import MPI_DIR
 from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
                           wait_for)
-from support.procs import (descendants, explained, mpi_cmd, mpiexec, shm_made_since,
-                           the_mpiexec)
+from support.procs import (command_words, descendants, explained, mpi_cmd, mpiexec,
+                           shm_made_since, the_mpiexec)
 
 JOB_TIMEOUT = 180
 CLI = [sys.executable, '-m', 'theanompi_ext']
@@ -238,6 +239,45 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
                          r'ranks 0, 1 of 2 had not finished training \(exit status 3\)$'
                          % (signal.Signals(sig).name, sig), job.err().strip().splitlines()[-1]), \
             job.err()[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+
+
+def test_mpich_proxy_killed_is_said_and_ends_every_rank(tmp_path):
+    """MPICH's proxy (``hydra_pmi_proxy``, the ranks' parent) SIGKILLed, as the OOM
+    killer may: mpiexec says only its own trail (``assert (!closed) failed``) and
+    exits 255. The launcher sums that trail up in one line and its last line
+    names the proxy and its host, status 3 (restartable); every rank ends, the
+    checkpoint verifies (launch/proxy_lost.py). Before: status 255, hydra's
+    four lines and "mpiexec gave no report"."""
+    if is_openmpi(mpiexec()):
+        pytest.skip("Open MPI starts no daemon on the launcher's host (prterun is the "
+                    "ranks' parent: test_mpiexec_killed_from_outside_is_said...); its "
+                    "daemons on other hosts: test_faults_across_hosts.py")
+    from theanompi_ext.train.restarts import classify
+    out = tmp_path / 'run'
+    job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+
+    def proxies():
+        return [p for p in descendants(job.proc.pid)
+                if os.path.basename(command_words(p)[0]) == 'hydra_pmi_proxy']
+    took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
+                              proxies(), 'the first checkpoints', signal.SIGKILL, proxies)
+    print('\nSIGKILL to hydra_pmi_proxy -> every process of the job gone in %s s'
+          % (took and '%.2f' % took))
+    assert took is not None and took < 8, took
+    err = job.err()
+    last = err.strip().splitlines()[-1]
+    assert rc == 3, (rc, err[-3000:])
+    assert re.fullmatch(r"theanompi-ext: mpiexec lost the MPI proxy \(hydra_pmi_proxy\) of "
+                        r"host %s during the run: the proxy ended \(killed, or the OOM "
+                        r"killer\), or its host or the launcher's connection to it was lost; "
+                        r"ranks 0, 1 of 2 ended without finishing training, with it "
+                        r"\(exit status 3\)" % re.escape(socket.gethostname()), last), err
+    # hydra's trail is summed up, not shown
+    assert 'assert (!closed) failed' not in err and \
+        re.search(r"\d+ lines of mpiexec's own while the job ended not shown \(the last: "
+                  r"process manager error", err), err
+    assert classify(rc, last).restartable
     assert good_checkpoint(out / checkpoint.FILENAME) >= 1
 
 

@@ -39,6 +39,8 @@ from .rank_notes import (RANKS_DIR_VAR, make_ranks_folder, rank_list, read_rank_
                          unfinished)
 from .reach import (REACH_EACH_OTHER, LaunchWatch, explain_launch, not_started,
                     proxy_program, with_daemon_lost)
+from .proxy_lost import ProxyWatch, first_to_end, keepers_word
+from .proxy_lost import message as proxy_lost_message
 from .start_watch import StartWatch, not_started_message
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
@@ -71,6 +73,7 @@ class ExitOrder(threading.Thread):
         super(ExitOrder, self).__init__(name='exit-order', daemon=True)
         self.folder, self.size, self.interval = folder, size, interval
         self.exits = []               # [(monotonic time, rank)]
+        self.wall = {}                # {rank: when it exited, ns since the epoch}
         self._halt = threading.Event()
 
     def run(self):
@@ -91,6 +94,7 @@ class ExitOrder(threading.Thread):
                             poller.register(fd, select.POLLIN)
                 for fd, _ in poller.poll(int(self.interval * 1000)):
                     self.exits.append((time.monotonic(), fds[fd]))
+                    self.wall[fds[fd]] = time.time_ns()
                     poller.unregister(fd)
         finally:
             for fd in fds:
@@ -518,10 +522,11 @@ def _drain(stream):
                      daemon=True).start()
 
 
-def _passing(stream, dest, gate, report, launch, shown, name, closed=None, hold=None):
-    """A started daemon thread that copies mpiexec's ``stream`` (:func:`_pass_through`)."""
+def _passing(stream, dest, gate, reports, shown, name, closed=None, hold=None):
+    """A started daemon thread that copies mpiexec's ``stream`` (:func:`_pass_through`),
+    showing each line to each of ``reports``."""
     thread = threading.Thread(target=_pass_through, name='mpiexec-' + name, daemon=True,
-                              args=(stream, dest, gate, report, launch),
+                              args=(stream, dest, gate) + tuple(reports),
                               kwargs=dict(shown=shown, closed=closed, hold=hold))
     thread.start()
     return thread
@@ -625,6 +630,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     env[RANKS_DIR_VAR] = folder
     env[LAUNCHER_HOST_VAR] = socket.gethostname()     # ranks elsewhere start keepers
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
+    proxies = ProxyWatch()
     gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
@@ -661,10 +667,10 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         # so that it runs a stop signal's handler whichever thread took the signal
         # (launch/awake.py)
         closed = threading.Event()      # set when our own output's reader has gone
-        err_thread = _passing(proc.stderr, err, gate, err_report, launch, shown, 'stderr',
-                              closed, hold)
-        out_thread = _passing(proc.stdout, out, gate, out_report, launch, shown, 'stdout',
-                              closed, hold)
+        err_thread = _passing(proc.stderr, err, gate, (err_report, launch, proxies), shown,
+                              'stderr', closed, hold)
+        out_thread = _passing(proc.stdout, out, gate, (out_report, launch, proxies), shown,
+                              'stdout', closed, hold)
         watch.start()
 
         def given_up():         # mpiexec stopped, its far hosts out of reach (above)
@@ -689,6 +695,15 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             if report.peer_lost is None:
                 return last_words(status, message)
             # the abort was Open MPI's own, of a rank that lost a peer: told below
+        if proxies.closed and status == HYDRA_LAUNCHER_ERROR and report.pid is None and \
+                not _failed_notes(notes):
+            # hydra lost a proxy and says only that (launch/proxy_lost.py): its trail
+            # is summed up, the host named
+            gate.begin()
+            notes, times = keepers_word(folder)
+            message, status = proxy_lost_message(
+                notes, first_to_end(notes, times, watch.wall), size)
+            return last_words(status, message)
         message, status = explain(status, report, notes, size, first_exit=watch.first(),
                                   mpiexec_pid=proc.pid)
         if status and notes:
