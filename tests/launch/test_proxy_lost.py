@@ -105,3 +105,21 @@ def test_the_keepers_word_is_waited_for_a_moment(tmp_path):
     t0 = time.monotonic()
     keepers_word(folder, here=os.uname()[1], wait_s=0.5)
     assert 0.4 < time.monotonic() - t0 < 3
+
+
+def test_a_proxy_lost_after_the_work_was_done():
+    """Every rank had noted its own end: the run is complete (0), or stopped after
+    a checkpoint as asked (75); a rank whose note was not seen is not taken for one
+    that finished."""
+    done = {0: (100, 'h0', 'done 0'), 1: (101, 'h1', 'done 0')}
+    line, status = message(done, None, 2)
+    assert status == 0 and line == (
+        'theanompi-ext: mpiexec lost an MPI proxy (hydra_pmi_proxy) as the job ended, after '
+        'every rank had finished training: the run is complete (exit status 0)'), line
+    stopped = {0: (100, 'h0', 'stopped 75'), 1: (101, 'h1', 'stopped 75')}
+    line, status = message(stopped, None, 2)
+    assert status == 75 and 'the job can be resumed' in line
+    line, status = message({0: (100, 'h0', 'done 0')}, None, 2)
+    assert status == 3 and 'an MPI proxy (hydra_pmi_proxy) during' in line and \
+        'their notes were not seen here' in line
+    assert classify(status, line).restartable

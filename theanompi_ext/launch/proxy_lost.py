@@ -30,7 +30,7 @@ import re
 import socket
 import time
 
-from ..errors import EXIT_FAILED
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE
 from .rank_notes import DIED, note_times, read_rank_notes, rank_list, unfinished
 
 #: hydra's first line when its connection to a proxy closed under it.
@@ -90,15 +90,25 @@ def keepers_word(folder, here=None, wait_s=KEEPER_WAIT_S, interval=0.05):
 
 
 def message(notes, first, size=None):
-    """(the launcher's line, exit status 3) for a job that ended when mpiexec lost a
-    proxy: ``first`` is :func:`first_to_end`'s rank (None: unknown), named where
-    the job had several hosts (on one, every rank was the lost proxy's child)."""
+    """(the launcher's line, exit status) for a job that ended when mpiexec lost a
+    proxy: 3, the proxy's host named, where a rank had not finished; ``first`` is
+    :func:`first_to_end`'s rank (None: unknown), named where the job had several
+    hosts (on one, every rank was the lost proxy's child). Where every rank had
+    ended by itself (its note ``done``, or ``stopped`` after a checkpoint as
+    asked), the proxy went after the work was done: 0, or 75."""
     of = ' of %d' % size if size else ''
     training = sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
+    if notes and not training and len(notes) >= (size or 0):
+        stopped = all(state.startswith('stopped') for _, _, state in notes.values())
+        status = EXIT_RESUMABLE if stopped else EXIT_OK
+        return ('theanompi-ext: mpiexec lost an MPI proxy (hydra_pmi_proxy) as the job ended, '
+                'after every rank had %s (exit status %d)' % (
+                    'stopped after the checkpoint, as asked: the job can be resumed'
+                    if stopped else 'finished training: the run is complete', status)), status
     every_host = sorted({h for _, h, _ in notes.values()})
     if len(every_host) < 2:
         first = None
-    hosts = sorted({notes[r][1] for r in training}) or every_host
+    hosts = sorted({notes[r][1] for r in training})
     host = notes[first][1] if first is not None else (hosts[0] if len(hosts) == 1 else None)
     where = ('the MPI proxy (hydra_pmi_proxy) of host %s' % host if host else
              'the MPI proxy (hydra_pmi_proxy) of one of the hosts %s' % ', '.join(hosts)
@@ -114,7 +124,8 @@ def message(notes, first, size=None):
             's' if len(training) > 1 else '', rank_list(training), of,
             ', with it' if len(every_host) < 2 else '')
     else:
-        ranks = 'no rank had noted its end'
+        ranks = ('the ranks ended without finishing training, as far as the launcher can '
+                 'tell (their notes were not seen here)')
     return ('theanompi-ext: mpiexec lost %s during the run: the proxy ended (killed, or the '
             'OOM killer), or its host or the launcher\'s connection to it was lost; %s '
             '(exit status %d)' % (where, ranks, EXIT_FAILED)), EXIT_FAILED
