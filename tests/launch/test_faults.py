@@ -358,7 +358,8 @@ YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
 
 
 def test_launcher_report_maps_pid_to_rank():
-    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.launch.launcher_report import LauncherReport
+    from theanompi_ext.launch.why_ended import explain
     rep = LauncherReport()
     for line in HYDRA.splitlines(True):
         rep.feed(line)
@@ -464,7 +465,7 @@ def test_openmpi_report_is_told_like_hydras():
     """Open MPI names the rank and exits 128 + N for a rank killed by signal N: the
     launcher says the same as under hydra, with hydra's status N (129-143 stay the
     launcher's own stop); a rank gone without MPI_Finalize is an unfinished run."""
-    from theanompi_ext.launch.postmortem import explain
+    from theanompi_ext.launch.why_ended import explain
     rep = _report(OPENMPI_SIGNAL)
     assert (rep.rank, rep.pid, rep.host, rep.signal) == (1, 12109, 'vm', 9)
     notes = {0: (12108, 'vm', 'running'), 1: (12109, 'vm', 'running')}
@@ -496,7 +497,8 @@ def test_openmpi_abort_then_a_mpiexec_that_does_not_end_is_stopped():
     """prterun reports a rank's MPI_Abort, then waits for ever for a host it cannot
     reach: AfterAbort stops it and the status is the rank's, its host named."""
     import time
-    from theanompi_ext.launch.postmortem import AfterAbort, explain
+    from theanompi_ext.launch.postmortem import AfterAbort
+    from theanompi_ext.launch.why_ended import explain
     rep = _report(OPENMPI_ABORT)
     assert rep.aborted == (0, 'tmxh0', 4) and rep.pid is None
     assert _report(OPENMPI_SIGNAL).aborted is None
@@ -538,7 +540,7 @@ def test_openmpi_abort_then_a_mpiexec_that_does_not_end_is_stopped():
 def test_exit_order_sees_which_rank_exited_first(tmp_path):
     import socket
     import time
-    from theanompi_ext.launch.postmortem import ExitOrder
+    from theanompi_ext.launch.exit_order import ExitOrder
     procs = [subprocess.Popen(['sleep', '30']) for _ in range(2)]
     try:
         for rank, p in enumerate(procs):

@@ -141,7 +141,8 @@ HYDRA_FAR = b"""================================================================
 
 def test_hydras_report_of_a_rank_on_another_host():
     # measured on 2 emulated hosts: no exit string, mpiexec exits 255
-    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.launch.launcher_report import LauncherReport
+    from theanompi_ext.launch.why_ended import explain
     rep = LauncherReport()
     for line in HYDRA_FAR.splitlines(True):
         rep.feed(line)
@@ -176,7 +177,8 @@ terminated by signals sent by prterun (as reported here).
 def test_open_mpis_report_of_a_lost_peer_on_another_host():
     # captured (Open MPI 5.0.11, 2 emulated hosts x 1 rank): rank 1 on tmxh1 SIGKILLed,
     # rank 0 lost its connection and aborted, prterun exited 14 naming only rank 0
-    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.launch.launcher_report import LauncherReport
+    from theanompi_ext.launch.why_ended import explain
     from theanompi_ext.train.restarts import classify, culprit
     rep = LauncherReport()
     for line in OPENMPI_PEER_LOST.splitlines(True):
@@ -247,7 +249,8 @@ def test_a_ranks_own_timeout_wins_over_the_socket_it_closed():
     # rank 1 on tmxh1 timed out (its note: failed 4) and ended; rank 0 on tmxh0 saw
     # the socket close first, Open MPI's handler aborted it, and prterun named rank 0.
     # The timeout is the story and its status the job's, not "rank 1 died" (exit 3)
-    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.launch.launcher_report import LauncherReport
+    from theanompi_ext.launch.why_ended import explain
     from theanompi_ext.train.restarts import classify
     rep = LauncherReport()
     for line in OPENMPI_TIMEOUT_RACE.splitlines(True):
@@ -285,7 +288,8 @@ def test_a_ranks_own_timeout_wins_over_the_socket_it_closed():
 def test_a_daemon_lost_during_the_run_is_named():
     # captured (Open MPI 5.0.11, 2 emulated hosts x 1 rank): every process of tmxh1
     # SIGKILLed mid-run; prterun printed its spawn banner and exited 0
-    from theanompi_ext.launch.postmortem import LauncherReport, explain
+    from theanompi_ext.launch.launcher_report import LauncherReport
+    from theanompi_ext.launch.why_ended import explain
     from theanompi_ext.launch.reach import LaunchWatch, with_daemon_lost
     from theanompi_ext.train.restarts import classify
     watch = LaunchWatch()
@@ -348,7 +352,7 @@ def test_ranks_that_cannot_reach_each_other_are_said_so_not_a_death():
     """Before, Open MPI's case read 'a rank on another host died: a rank on tmxh1 saw
     its connection closed', and MPICH's 'the job ended with exit status 15; the ranks'
     lines above say why' after 30 lines of error stacks."""
-    from theanompi_ext.launch.postmortem import explain
+    from theanompi_ext.launch.why_ended import explain
     rep = _fed(OPENMPI_CANNOT_CONNECT)
     assert rep.unreachable_peer == (1, 'tmxh1', 'tmxh0', '10.77.0.1', 1024, 'Permission denied')
     msg, status = explain(14, rep, {}, 2)
@@ -372,7 +376,7 @@ def test_ranks_that_cannot_reach_each_other_are_said_so_not_a_death():
 
 
 def test_an_abort_after_mpi_started_is_not_a_failed_start():
-    from theanompi_ext.launch.postmortem import explain
+    from theanompi_ext.launch.why_ended import explain
     rep = _fed(b'Abort(4) on node 0 (rank 0 in comm 0): application called '
                b'MPI_Abort(MPI_COMM_WORLD, 4) - process 0\n')
     assert rep.init_failed is None and rep.aborted == (0, None, 4)
@@ -384,7 +388,7 @@ def test_an_abort_after_mpi_started_is_not_a_failed_start():
 
 def test_ranks_that_cannot_reach_each_other_may_be_restarted_once():
     # a link may come back; a firewall stays, and the same failure twice ends the restarts
-    from theanompi_ext.launch.postmortem import explain
+    from theanompi_ext.launch.why_ended import explain
     from theanompi_ext.train.restarts import classify
     for text, status in ((OPENMPI_CANNOT_CONNECT, 14), (MPICH_INIT_FAILED, 15)):
         msg, status = explain(status, _fed(text), {}, 2)

@@ -39,7 +39,7 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
         'other ranks (exit status 3)', True, 'a rank died (Quit (signal 3))'),
     (4, 'theanompi-ext: rank 0 of 2 (pid 9 on h) died: Illegal instruction (signal 4); '
         'mpiexec stopped the other ranks (exit status 4)', True, 'Illegal instruction'),
-    # mpiexec itself killed (postmortem._mpiexec_killed): the OOM killer, most likely
+    # mpiexec itself killed (why_ended._mpiexec_killed): the OOM killer, most likely
     (3, 'theanompi-ext: mpiexec (pid 77 on h) was killed by SIGKILL (signal 9), not by this '
         'launcher (...); its ranks ended with it (exit status 3)', True,
      'mpiexec was killed by SIGKILL'),

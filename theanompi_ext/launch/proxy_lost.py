@@ -17,7 +17,7 @@ their own proxies as mpiexec exits; nothing is left. No rank noted an
 error, so the launcher said only that the job ended with status 255.
 
 The host is the one whose rank ended first, by the wall clock: the
-launcher sees this host's ranks end (``postmortem.ExitOrder``), and each
+launcher sees this host's ranks end (:class:`~.exit_order.ExitOrder`), and each
 rank of another host has a keeper that notes its death (``died``,
 :mod:`.rank_keeper`) within milliseconds; the other ranks end one round
 trip later, when mpiexec's exit reaches their proxies (measured on the
