@@ -40,7 +40,7 @@ from .proxy_lost import message as proxy_lost_message
 from .rank_notes import RANKS_DIR_VAR, make_ranks_folder, read_rank_notes
 from .reach import LaunchWatch, explain_launch, not_started, proxy_program, with_daemon_lost
 from .start_watch import StartWatch, not_started_message
-from .why_ended import HYDRA_LAUNCHER_ERROR, explain, failed_notes
+from .why_ended import explain, failed_notes
 
 #: Seconds the ranks get to end after SIGTERM before they are SIGKILLed.
 STOP_GRACE_S = 3.0
@@ -432,10 +432,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             if report.peer_lost is None:
                 return last_words(status, message)
             # the abort was Open MPI's own, of a rank that lost a peer: told below
-        if proxies.closed and status == HYDRA_LAUNCHER_ERROR and report.pid is None and \
-                not failed_notes(notes):
-            # hydra lost a proxy and says only that (launch/proxy_lost.py): its trail
-            # is summed up, the host named
+        if proxies.closed and status > 0 and report.pid is None and not failed_notes(notes):
+            # hydra lost a proxy and says only that (launch/proxy_lost.py; MPICH 5.0.2
+            # then exits 255): its trail is summed up, the host named
             gate.begin()
             notes, times = keepers_word(folder)
             message, status = proxy_lost_message(
