@@ -432,9 +432,11 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             if report.peer_lost is None:
                 return last_words(status, message)
             # the abort was Open MPI's own, of a rank that lost a peer: told below
-        if proxies.closed and status > 0 and report.pid is None and not failed_notes(notes):
+        if proxies.closed and status > 0 and report.pid is None and \
+                not failed_notes(notes) and (notes or not launch.failed):
             # hydra lost a proxy and says only that (launch/proxy_lost.py; MPICH 5.0.2
-            # then exits 255): its trail is summed up, the host named
+            # then exits 255): its trail is summed up, the host named. A proxy that
+            # could not start is told below (reach.py)
             gate.begin()
             notes, times = keepers_word(folder)
             message, status = proxy_lost_message(
