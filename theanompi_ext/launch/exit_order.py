@@ -16,19 +16,17 @@ from .rank_notes import read_rank_notes
 class ExitOrder(threading.Thread):
     """Watches this host's ranks and records the order in which they exit.
 
-    Hydra names one PID in its report, but when it has killed the other
-    ranks itself it may name one of those (measured: 1 run in 2 named the
-    wrong rank). The first rank to exit is the one that died. Each local
-    rank's PID comes from its note; ``os.pidfd_open`` + ``poll`` wakes on
-    each exit without polling. ``first()`` is the rank that exited
-    strictly first, or None (no pidfd support, other hosts, or a tie).
+    Each local rank's PID comes from its note; ``os.pidfd_open`` + ``poll``
+    wakes on each exit without polling. ``first()`` is the rank that exited
+    strictly first, or None (no pidfd support, other hosts, or a tie);
+    ``wall`` when each exited, by the wall clock (``launch/proxy_lost.py``
+    sets it beside the other hosts' notes).
     """
 
     def __init__(self, folder, size, interval=0.05):
         super(ExitOrder, self).__init__(name='exit-order', daemon=True)
         self.folder, self.size, self.interval = folder, size, interval
-        self.exits = []               # [(monotonic time, rank)]
-        self.wall = {}                # {rank: when it exited, ns since the epoch}
+        self.exits = []               # [(when, ns since the epoch; rank)], in order
         self._halt = threading.Event()
 
     def run(self):
@@ -48,8 +46,7 @@ class ExitOrder(threading.Thread):
                             fds[fd] = rank
                             poller.register(fd, select.POLLIN)
                 for fd, _ in poller.poll(int(self.interval * 1000)):
-                    self.exits.append((time.monotonic(), fds[fd]))
-                    self.wall[fds[fd]] = time.time_ns()
+                    self.exits.append((time.time_ns(), fds[fd]))
                     poller.unregister(fd)
         finally:
             for fd in fds:
@@ -60,6 +57,11 @@ class ExitOrder(threading.Thread):
         self._halt.set()
         if self.is_alive():
             self.join(1.0)
+
+    @property
+    def wall(self):
+        """``{rank: when it exited, ns since the epoch}``."""
+        return {rank: when for when, rank in self.exits}
 
     def first(self):
         """The rank that exited strictly before every other, or None."""

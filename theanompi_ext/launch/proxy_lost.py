@@ -31,7 +31,8 @@ import socket
 import time
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE
-from .rank_notes import DIED, note_times, read_rank_notes, rank_list, unfinished
+from .rank_notes import (DIED, note_times, read_rank_notes, rank_list, unfinished,
+                         unfinished_ranks)
 
 #: hydra's first line when its connection to a proxy closed under it.
 PROXY_CLOSED = re.compile(rb'^\s*\[mpiexec@[^\]]*\]\s*control_cb \([^()]*:\d+\): '
@@ -83,7 +84,7 @@ def keepers_word(folder, here=None, wait_s=KEEPER_WAIT_S, interval=0.05):
     while True:
         notes, times = read_rank_notes(folder), note_times(folder)
         if any(state == DIED for _, _, state in notes.values()) or \
-                all(h == here for _, h, state in notes.values() if unfinished(state)) or \
+                all(notes[r][1] == here for r in unfinished_ranks(notes)) or \
                 time.monotonic() >= deadline:
             return notes, times
         time.sleep(interval)
@@ -97,7 +98,7 @@ def message(notes, first, size=None):
     ended by itself (its note ``done``, or ``stopped`` after a checkpoint as
     asked), the proxy went after the work was done: 0, or 75."""
     of = ' of %d' % size if size else ''
-    training = sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
+    training = unfinished_ranks(notes)
     if notes and not training and len(notes) >= (size or 0):
         stopped = all(state.startswith('stopped') for _, _, state in notes.values())
         status = EXIT_RESUMABLE if stopped else EXIT_OK

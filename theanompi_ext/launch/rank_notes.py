@@ -110,6 +110,12 @@ def unfinished(state):
     return state in ('running', DIED)
 
 
+def unfinished_ranks(notes):
+    """The ranks of ``notes`` (``{rank: (pid, host, state)}``) that had not finished
+    training (:func:`unfinished`), in order."""
+    return sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
+
+
 def note_times(folder):
     """``{rank: when its note was last written}`` (ns since the epoch) for the notes
     in ``folder``: the order in which the ranks ended, where each has."""

@@ -16,7 +16,7 @@ import socket
 
 from ..errors import (EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE, EXIT_TIMEOUT)
 from .after_ranks import note_status
-from .rank_notes import rank_list, unfinished
+from .rank_notes import rank_list, unfinished, unfinished_ranks
 from .reach import REACH_EACH_OTHER
 
 #: hydra's exit status when one of its proxies (on another host) ended badly.
@@ -72,11 +72,6 @@ def _failed_itself(report, notes):
         report.aborted[0], (0, '', ''))[2].startswith('failed')
 
 
-def _training(notes):
-    """The ranks whose notes say they had not finished training, in order."""
-    return sorted(r for r, (_, _, state) in notes.items() if unfinished(state))
-
-
 def _not_finished(training, of):
     """``ranks 0, 1 of 2 had not finished training`` for the ranks ``training``."""
     return 'rank%s %s%s had not finished training' % (
@@ -96,7 +91,7 @@ def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
     line is always ours."""
     if failed is None:
         failed = [report.aborted[0]] if report.aborted is not None else failed_notes(notes)
-    training = _training(notes)
+    training = unfinished_ranks(notes)
     if not failed and training:
         # e.g. Open MPI's prterun given SIGHUP: it ends its ranks and exits 1, silent
         return ('theanompi-ext: the job ended with exit status %d; mpiexec gave no report '
@@ -131,7 +126,7 @@ def _mpiexec_killed(signum, mpiexec_pid, notes, of):
         name = signal.Signals(signum).name
     except ValueError:
         name = 'signal %d' % signum
-    training = _training(notes)
+    training = unfinished_ranks(notes)
     ranks = '; ' + _not_finished(training, of) if training else ''
     return ('theanompi-ext: mpiexec (pid %s on %s) was killed by %s (signal %d), not by this '
             'launcher%s; its ranks ended with it%s (exit status %d)'
@@ -152,7 +147,7 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
     """
     of = ' of %d' % size if size else ''
     if status == 0:
-        vanished = _training(notes)
+        vanished = unfinished_ranks(notes)
         if not vanished:
             return None, EXIT_OK
         who = ', '.join('rank %d (pid %d on %s)' % (r, notes[r][0], notes[r][1])
