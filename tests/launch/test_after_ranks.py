@@ -94,9 +94,9 @@ def test_nothing_is_stopped_while_a_rank_runs(tmp_path):
     assert not watch.is_alive() and not watch.fired and not stops
 
 
-def _message(notes, size=2, times=None):
+def _message(notes, size=2, times=None, lost=None):
     watch = AfterRanks(None, '', size, None, wait_s=20)
-    return watch.message(notes, times)
+    return watch.message(notes, times, lost)
 
 
 def test_the_launchers_line_says_what_the_ranks_did():
@@ -112,6 +112,11 @@ def test_the_launchers_line_says_what_the_ranks_did():
                     'mpiexec had not ended 20 s after every rank had (it lost its connection to '
                     'their hosts, a, b?) and was stopped; its own line, if it is not above, was '
                     'lost with that connection'), text
+    # the same, its line kept beside its note (launch/lost_lines.py) and not seen
+    text, _ = _message({0: (11, 'a', 'done 0'), 1: (12, 'b', 'failed 3')},
+                       lost={1: 'theanompi-ext: rank 1 of 2 failed: OSError: [Errno 5] I/O'})
+    assert text.endswith('was stopped; its own line did not come through (lost with that '
+                         'connection), and said: rank 1 of 2 failed: OSError: [Errno 5] I/O'), text
     # a rank failed (its abort not passed on), another still running
     text, status = _message({0: (11, 'a', 'failed 4'), 1: (12, 'b', 'running')})
     assert status == 4

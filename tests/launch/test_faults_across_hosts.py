@@ -584,6 +584,25 @@ def test_lossy_links_train_on(eh, tmp_path, untouched):
     same_params(job, untouched)
 
 
+def _cut_off(eh, job, what, then=None):
+    """Once ``job`` trains, cut the launcher's host off, then call ``then`` (if any); (the
+    launcher's status, seconds to its exit, seconds until every host is clear),
+    from the cut, printed with ``what`` happened."""
+    job.training()
+    eh.cut_hub()
+    try:
+        t0 = time.monotonic()
+        if then is not None:
+            then()
+        rc, _ = job.end()
+        t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
+    finally:
+        eh.restore_hub()
+    print('\nthe launcher cut off%s -> launcher exit %.2f s, every host clear %.2f s'
+          % (', ' + what if what else '', t_exit, t_gone))
+    return rc, t_exit, t_gone
+
+
 def test_launcher_cut_off_while_the_ranks_train_on(eh, tmp_path):
     """The launcher's host (the hub, a login node) cut off both hosts for good once
     training runs; the hosts still reach each other. The ranks train to their last
@@ -594,16 +613,7 @@ def test_launcher_cut_off_while_the_ranks_train_on(eh, tmp_path):
     process on every host ends (a finished rank's own bound, 10 s later); the
     outputs are whole."""
     job = Job(eh, str(tmp_path), '--max-steps', '60', env={AFTER_RANKS_VAR: '5'})
-    job.training()
-    t0 = time.monotonic()
-    eh.cut_hub()
-    try:
-        rc, _ = job.end()
-        t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
-    finally:
-        eh.restore_hub()
-    print('\nthe launcher cut off -> launcher exit %.2f s, every host clear %.2f s'
-          % (t_exit, t_gone))
+    rc, _, _ = _cut_off(eh, job, None)
     text = job.text()
     assert rc == 0, text[-3000:]
     assert text.replace('\0', '').strip().splitlines()[-1] == (
@@ -628,17 +638,8 @@ def test_rank_killed_while_the_launcher_is_cut_off(eh, tmp_path):
     Nothing is left on any host, and the last checkpoint is whole."""
     from theanompi_ext.train.restarts import classify, culprit
     job = Job(eh, str(tmp_path), env={AFTER_RANKS_VAR: '5'})
-    job.training()
-    eh.cut_hub()
-    try:
-        t0 = time.monotonic()
-        os.kill(job.ranks('tmxh1')[0], signal.SIGKILL)
-        rc, _ = job.end()
-        t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
-    finally:
-        eh.restore_hub()
-    print('\nthe launcher cut off, the far rank SIGKILLed -> launcher exit %.2f s, every host '
-          'clear %.2f s' % (t_exit, t_gone))
+    rc, t_exit, t_gone = _cut_off(eh, job, 'the far rank SIGKILLed',
+                                  lambda: os.kill(job.ranks('tmxh1')[0], signal.SIGKILL))
     text = job.text()
     last = text.strip().splitlines()[-1]
     assert rc == 3, text[-3000:]
@@ -648,6 +649,33 @@ def test_rank_killed_while_the_launcher_is_cut_off(eh, tmp_path):
     assert classify(rc, last).restartable and culprit(last) == (1, 'tmxh1')
     assert t_exit < 5 + 1 + 2 + 2.5 + 5   # the wait, a poll, the stop, the pipes' join, load
     assert t_gone < TIMEOUT_S + 2 + 5 + 1 + 5 + 10     # limit, reply, stuck, poll, wait
+    whole_checkpoint(job)
+
+
+def test_rank_failed_while_the_launcher_is_cut_off(eh, tmp_path):
+    """The launcher cut off, then the far rank fails (an exception at step 60): its
+    own line, on its way through its MPI daemon to mpiexec, cannot arrive, nor can
+    the near rank's (its watchdog's, once the far rank is gone). Each rank leaves
+    its line beside its note (``rank<R>.why``, launch/lost_lines.py), and the
+    launcher, which stops mpiexec 5 s after the notes settle, says the first one:
+    status 3, rank 1 on tmxh1, its own words (under Open MPI prterun may first see
+    tmxh1's daemon end, which the rank's bound ended: the same words after the
+    host's). Nothing is left on any host."""
+    from theanompi_ext.train.attempt import FAULTS_VAR
+    job = Job(eh, str(tmp_path), '--max-steps', '2000',
+              env={AFTER_RANKS_VAR: '5', FAULTS_VAR: '0:1:60:raise'})
+    rc, _, _ = _cut_off(eh, job, 'the far rank failed')
+    text = job.text()
+    last = text.strip().splitlines()[-1]
+    assert rc == 3, text[-3000:]
+    assert 'FAULT raise rank 1' not in text, text[-3000:]    # cut before it: no line came
+    # told when mpiexec is stopped (launch/after_ranks.py), or, under Open MPI, when
+    # prterun saw tmxh1's daemon end (the rank's own bound ended it: launch/reach.py)
+    assert last.startswith('theanompi-ext: ') and re.search(
+        r'rank 1 of 2 \(pid \d+ on tmxh1\) ended the job \(exit status 3\); (mpiexec had not '
+        r'ended 5 s after .*; )?its own line did not come through \((lost with that connection|'
+        r'the job\'s output was held up or cut on its way here)\), and said: rank 1 of 2 failed: '
+        r'RuntimeError: injected fault at iteration 60 \[at ', last), text[-3000:]
     whole_checkpoint(job)
 
 

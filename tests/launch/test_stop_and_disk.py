@@ -372,9 +372,10 @@ def test_output_not_read_for_a_while(tmp_path):
         r"^theanompi-ext: (\d+) lines? \(.*?\) of the job's standard output (?:was|were) dropped "
         r"here over (\d+) s: it was not read as fast as the job wrote \(2000 bytes waited\); the "
         r"job went on$", text, re.M)]
-    assert notes and int(notes[0].group(2)) >= 5, text[-3000:]
+    # repr: progress lines are rewritten in place (\r), which a terminal would hide
+    assert notes and int(notes[0].group(2)) >= 5, repr(text[-3000:])
     after = text[notes[0].end():]
-    assert re.search(r'progress: epoch \d+/1000 it \d+/\d+ ', after), text[-3000:]
+    assert re.search(r'progress: epoch \d+/1000 it \d+/\d+ ', after), repr(after[-3000:])
     assert 'no progress' not in job.err(), job.err()[-3000:]
     assert good_checkpoint(out / checkpoint.FILENAME) == 24000
 
@@ -807,40 +808,6 @@ def test_signal_during_a_write_waits_for_it(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == -signal.SIGTERM and 'not reached' not in r.stdout
     assert target.read_bytes() == b'x' * 1000 and os.listdir(str(tmp_path)) == ['f.bin']
-
-
-HUNG_STOP = r'''
-import os, signal, sys, threading, time
-from theanompi_ext.launch import postmortem
-# a stop that hangs, whatever holds it up
-postmortem.stop_job = lambda *a, **kw: time.sleep(600)
-job = [sys.executable, '-c', 'import time; time.sleep(600)']
-threading.Timer(1.0, lambda: os.kill(os.getpid(), getattr(signal, sys.argv[1]))).start()
-postmortem.run_explained(job, size=1)
-print('not reached')
-'''
-
-
-@pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM'])
-def test_a_hung_stop_is_bounded(sig, tmp_path):
-    """Whatever hangs after a stop signal (here the stop itself), the launcher ends
-    within THEANOMPI_EXT_STOP_BOUND_S with 128 + the signal, saying so last, and
-    the job's process (mpiexec's place) goes with it (its parent death signal)."""
-    env = dict(os.environ, THEANOMPI_EXT_STOP_BOUND_S='2')
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, '-c', HUNG_STOP, sig], capture_output=True, text=True,
-                       timeout=60, env=env, start_new_session=True)
-    took = time.monotonic() - t0
-    status = 128 + getattr(signal, sig)
-    assert r.returncode == status, r.stdout + r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (
-        "theanompi-ext: stopped by %s, but the launcher's stop did not end within 2 s: it "
-        "ends now, and mpiexec and every rank with it (exit status %d)" % (sig, status))
-    assert 'not reached' not in r.stdout and 2.5 < took < 20, took
-    time.sleep(0.5)
-    left = subprocess.run(['pgrep', '-f', 'import time; time.sleep(600)'], capture_output=True,
-                          text=True).stdout.split()
-    assert not left, left
 
 
 # --------------------------------------------------------------------------- output folders

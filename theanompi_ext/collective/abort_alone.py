@@ -127,6 +127,22 @@ def watch_finalize(alone_s):
     return _watch(alone_s, [os.getpid(), ppid])
 
 
+_REASON = []         # this rank's own line on why it aborts, once said
+
+
+def say_reason(line):
+    """Remember ``line``: this rank's own line on why it is about to abort the job (a
+    timeout, an error), for the :func:`before_abort` callables (:func:`reason`). The
+    line may never reach the launcher (an MPI daemon or the launcher held up, or
+    killed by the abort itself); train/faults.py leaves it beside the rank's note."""
+    _REASON[:] = [line]
+
+
+def reason():
+    """The line given to :func:`say_reason`, or None."""
+    return _REASON[0] if _REASON else None
+
+
 #: Callables ``fn(code)`` run just before this rank aborts (:func:`before_abort`).
 _BEFORE_ABORT = []
 

@@ -40,6 +40,7 @@ block the very thread that has to abort.
 import atexit
 import collections
 import os
+import select
 import socket
 import sys
 import threading
@@ -49,11 +50,12 @@ import numpy as np
 
 from ..errors import EXIT_TIMEOUT
 from ..running_clock import RunningClock
+from .abort_alone import say_reason
 from .base import Communicator
 from .world import import_mpi
 
-_MSG_BYTES = 128
-_NUMS = 8                     # int64 header fields, then the label bytes
+_MSG_BYTES = 136
+_NUMS = 9                     # int64 header fields, then the label bytes
 _LABEL_BYTES = _MSG_BYTES - 8 * _NUMS
 _QUERY, _REPLY = 1, 2
 _TAG = 0x7a11
@@ -69,22 +71,55 @@ _STEP_HISTORY = 50
 STUCK_S = 5.0
 
 
+#: Bits of an answer's ``unread``: this rank's standard output, error is full.
+_OUT_FULL, _ERR_FULL = 1, 2
+
+
+def unread_output(fds=((1, _OUT_FULL), (2, _ERR_FULL))):
+    """The bits of this rank's standard streams that cannot take a line now: a pipe
+    to its MPI daemon that nobody empties (mpiexec or the launcher held up, or
+    the launcher's own output not read), in which a rank printing progress
+    blocks between steps."""
+    bits = 0
+    for fd, bit in fds:
+        poller = select.poll()
+        try:
+            poller.register(fd, select.POLLOUT)
+            if not poller.poll(0):
+                bits |= bit
+        except (OSError, ValueError):
+            pass
+    return bits
+
+
 class PeerState(object):
     """Where a rank said it was: its answer to an inquiry."""
 
-    def __init__(self, rank, seq, step, label, waiting, age_s, armed):
+    def __init__(self, rank, seq, step, label, waiting, age_s, armed, unread=0):
         self.rank, self.seq, self.step, self.label = rank, seq, step, label
         self.waiting, self.age_s, self.armed = waiting, age_s, armed
+        self.unread = unread
 
     def describe(self):
         """Human-readable position, e.g. ``at step 12, computing for 3.1 s (after 'bucket0')``."""
         where = 'step %d' % self.step if self.step >= 0 else 'start-up'
         if self.waiting:
-            return "at %s, waiting in '%s' for %.1f s" % (where, self.label, self.age_s)
-        if not self.armed:
-            return 'between steps (the last begun: %s) for %.1f s' % (where, self.age_s)
-        return 'at %s, computing for %.1f s%s' % (
-            where, self.age_s, " (after '%s')" % self.label if self.label else '')
+            at = "at %s, waiting in '%s' for %.1f s" % (where, self.label, self.age_s)
+        elif not self.armed:
+            at = 'between steps (the last begun: %s) for %.1f s' % (where, self.age_s)
+        else:
+            at = 'at %s, computing for %.1f s%s' % (
+                where, self.age_s, " (after '%s')" % self.label if self.label else '')
+        return at + self._unread_text()
+
+    def _unread_text(self):
+        streams = [name for bit, name in ((_OUT_FULL, 'standard output'),
+                                          (_ERR_FULL, 'standard error')) if self.unread & bit]
+        if not streams:
+            return ''
+        return (', its %s full: not read (mpiexec, its MPI daemon or the launcher held up, '
+                'or the launcher\'s own output not read), a line it prints blocks it'
+                % ' and '.join(streams))
 
 
 class Watchdog(object):
@@ -285,6 +320,7 @@ class Watchdog(object):
                                               self.identities[self.rank][1], waited, label,
                                               step, held, EXIT_TIMEOUT))
                 self.reports.append(('stuck', text))
+                say_reason(text)
                 self._write(text)
                 self._end(EXIT_TIMEOUT)
                 return
@@ -326,6 +362,7 @@ class Watchdog(object):
                    self.identities[self.rank][1], waited, label, step, why,
                    self._missing_text(seq, answers), EXIT_TIMEOUT))
         self.reports.append(('timeout', text))
+        say_reason(text)
         self._write(text)
         self._reported = True       # the sentinel stands down: abort_alone bounds the abort
         self._serve_for(_ABORT_GRACE_S)
@@ -441,7 +478,8 @@ class Watchdog(object):
             elif kind == _REPLY and answers is not None and qid == self._qid:
                 label = bytes(buf[8 * _NUMS:]).rstrip(b'\0').decode('utf-8', 'replace')
                 answers[src] = PeerState(src, int(nums[3]), int(nums[4]), label,
-                                         bool(nums[5]), nums[6] / 1000.0, bool(nums[7]))
+                                         bool(nums[5]), nums[6] / 1000.0, bool(nums[7]),
+                                         int(nums[8]))
         # Sends keep their buffer until complete; one to a dead rank may never be.
         self._sends = [(req, b) for req, b in self._sends if not req.Test()]
 
@@ -456,7 +494,8 @@ class Watchdog(object):
         buf = np.zeros(_MSG_BYTES, np.uint8)
         nums = buf[:8 * _NUMS].view(np.int64)
         nums[:] = (kind, self.rank, qid, seq, step, int(waiting),
-                   int(1000 * (self.clock.now() - since)), int(armed))
+                   int(1000 * (self.clock.now() - since)), int(armed),
+                   unread_output() if kind == _REPLY else 0)
         raw = label.encode('utf-8')[:_LABEL_BYTES]
         buf[8 * _NUMS:8 * _NUMS + len(raw)] = np.frombuffer(raw, np.uint8)
         return buf

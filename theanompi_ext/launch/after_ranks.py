@@ -124,13 +124,15 @@ class AfterRanks(threading.Thread):
                 return
             time.sleep(self.interval)
 
-    def message(self, notes, times=None):
+    def message(self, notes, times=None, lost=None):
         """(the launcher's line, exit status) once it has fired: the ranks' outcome
         as their notes give it, and that mpiexec was stopped. 0 when each finished;
         else the first rank to end badly (``times``: :func:`~.rank_notes.note_times`,
         read from the folder by default; the lowest rank among equals) is named,
         with its own status, or 3 for a rank that died without a word (its
-        keeper's note: it was killed, or ended by MPI's error handler)."""
+        keeper's note: it was killed, or ended by MPI's error handler). ``lost``:
+        ``{rank: its own line}`` of the ranks whose line did not come through
+        (``launch/lost_lines.py``), said here instead."""
         times = note_times(self.folder) if times is None else times
         hosts = ', '.join(sorted({host for _, host, _ in notes.values()}))
         failed = sorted((r for r, (_, _, state) in notes.items()
@@ -158,6 +160,9 @@ class AfterRanks(threading.Thread):
                     'job can be resumed; %s (exit status %d)' % (len(notes), tail, status)), \
                 status
         # its own line went the way mpiexec's word did: it may not have arrived
-        return ('theanompi-ext: rank %d%s (pid %d on %s) ended the job (exit status %d); %s; '
-                'its own line, if it is not above, was lost with that connection'
-                % (failed[0], of, pid, host, status, tail)), status
+        line = (lost or {}).get(failed[0])
+        said = ('its own line did not come through (lost with that connection), and said: %s'
+                % line.replace('theanompi-ext: ', '', 1) if line else
+                'its own line, if it is not above, was lost with that connection')
+        return ('theanompi-ext: rank %d%s (pid %d on %s) ended the job (exit status %d); %s; %s'
+                % (failed[0], of, pid, host, status, tail, said)), status

@@ -12,7 +12,6 @@ launcher's last line and status (:mod:`.why_ended`). It also stops the job
 on a stop signal, a time limit, a start that does not come, or a host that
 can no longer be reached, each bounded.
 """
-import faulthandler
 import os
 import shutil
 import signal
@@ -23,13 +22,14 @@ import threading
 import time
 
 from .. import output_faults, stop_signals
-from . import mpi_leftovers
+from . import mpi_leftovers, stop_bound
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
 from .after_ranks import AfterRanks, after_ranks_s
 from .awake import WAKE_S, join_awake, wait_awake
 from .exit_noise import EndingFilter
 from .held_output import HeldOutput, hold_bytes
+from .lost_lines import SaidLines, lost_lines
 from .job_control import JobControl
 from .launcher_report import LauncherReport  # noqa: F401  (re-exported: the tests, tools)
 from .mpiexec import child_env, is_openmpi, popen_job
@@ -63,54 +63,16 @@ class Stopped(Exception):
         self.signum = signum
 
 
-#: Seconds from a stop signal to the launcher's end, whatever happens in between:
-#: the stop takes STOP_GRACE_S + 1 + STOP_JOIN_S; past this bound the launcher
-#: ends itself (:func:`_arm_stop_bound`). Overridden by $THEANOMPI_EXT_STOP_BOUND_S.
-STOP_BOUND_S = 30.0
-_bound = []          # the armed timer of the stop under way, if any
-
-
-def _arm_stop_bound(signum):
-    """A stop signal arrived: end this process with 128 + ``signum`` if it is still
-    here :data:`STOP_BOUND_S` seconds later, whatever holds the stop up once the
-    handler ran (that it runs: :mod:`.awake`). mpiexec dies with the launcher (its parent
-    death signal, :func:`~.mpiexec.popen_job`) and hydra or Open MPI end the
-    ranks, as when the launcher is SIGKILLed."""
-    if _bound:
-        return
-    bound = float(os.environ.get('THEANOMPI_EXT_STOP_BOUND_S') or STOP_BOUND_S)
-    status = EXIT_SIGNAL_BASE + signum
-
-    def end():
-        # where each thread is stuck, for the report (faulthandler and os.write
-        # write to the descriptor: the streams' locks may be what is held)
-        os.write(2, b'\ntheanompi-ext: where the launcher\'s threads were:\n')
-        faulthandler.dump_traceback(2, all_threads=True)
-        os.write(2, ('theanompi-ext: stopped by %s, but the launcher\'s stop did not end '
-                     'within %g s: it ends now, and mpiexec and every rank with it (exit '
-                     'status %d)\n' % (signal.Signals(signum).name, bound, status)).encode())
-        os._exit(status)
-    timer = threading.Timer(bound, end)
-    timer.daemon = True
-    timer.start()
-    _bound.append(timer)
-
-
-def _disarm_stop_bound():
-    while _bound:
-        _bound.pop().cancel()
-
-
 def _stopped(signum, frame):
     # first: a second signal must not raise inside the bound's thread start
     stop_signals.begin_stop()
-    _arm_stop_bound(signum)
+    stop_bound.arm(signum)
     raise Stopped(signum)
 
 
 def _interrupted(signum, frame):
     stop_signals.begin_stop()
-    _arm_stop_bound(signum)
+    stop_bound.arm(signum)
     raise KeyboardInterrupt
 
 
@@ -136,7 +98,7 @@ def _join_unless_closed(thread, closed, given_up=None):
 
 def _catch_stop_signals():
     """SIGTERM and SIGHUP raise :class:`Stopped`, SIGINT KeyboardInterrupt, each
-    bounding the launcher's life from then (:func:`_arm_stop_bound`); returns the
+    bounding the launcher's life from then (:func:`.stop_bound.arm`); returns the
     previous handlers ({} off the main thread). A signal ignored when the launcher
     started stays ignored (``nohup``'s SIGHUP: :mod:`theanompi_ext.stop_signals`)."""
     if threading.current_thread() is not threading.main_thread():
@@ -368,6 +330,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     env[LAUNCHER_HOST_VAR] = socket.gethostname()     # ranks elsewhere start keepers
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
     proxies = ProxyWatch()
+    said = SaidLines()         # the ranks' own lines seen (launch/lost_lines.py)
     gate = EndingFilter()
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
@@ -385,6 +348,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         return status
     try:
         proc = popen_job(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stop_bound.watch_job(proc)
         if forward is not None:
             forward.attach(proc, started)
         # Ctrl-Z pauses every rank, fg resumes them (launch/job_control.py)
@@ -404,7 +368,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         # so that it runs a stop signal's handler whichever thread took the signal
         # (launch/awake.py)
         closed = threading.Event()      # set when our own output's reader has gone
-        err_thread = _passing(proc.stderr, err, gate, (err_report, launch, proxies), shown,
+        err_thread = _passing(proc.stderr, err, gate, (err_report, launch, proxies, said), shown,
                               'stderr', closed, hold)
         out_thread = _passing(proc.stdout, out, gate, (out_report, launch, proxies), shown,
                               'stdout', closed, hold)
@@ -425,7 +389,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         report = out_report if out_report.pid is not None else err_report
         notes = read_rank_notes(folder)
         if after_ranks.fired:
-            message, status = after_ranks.message(notes)
+            message, status = after_ranks.message(
+                notes, lost=lost_lines(folder, failed_notes(notes), said))
             return last_words(status, message)
         if after_abort.fired:
             message, status = after_abort.message(size, notes)
@@ -442,8 +407,13 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             message, status = proxy_lost_message(
                 notes, first_to_end(notes, times, watch.wall), size)
             return last_words(status, message)
+        if proxies.closed and failed_notes(notes):
+            # a rank's own abort ended its proxy (collective/abort_alone.end_alone) before
+            # mpiexec heard of the abort: hydra's trail is that abort's, told below
+            gate.begin()
         message, status = explain(status, report, notes, size, first_exit=watch.first(),
-                                  mpiexec_pid=proc.pid)
+                                  mpiexec_pid=proc.pid,
+                                  lost=lost_lines(folder, failed_notes(notes), said))
         if status and notes:
             message = with_daemon_lost(message, launch.no_report)
         if status and not notes and report.pid is None:
@@ -481,7 +451,8 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
         if job_control is not None:
             job_control.restore()
         stop_signals.restore(old_handlers)
-        _disarm_stop_bound()
+        stop_bound.disarm()
+        stop_bound.forget_job(proc)
         here = socket.gethostname()
         ranks_here = [pid for pid, host, _ in read_rank_notes(folder).values() if host == here]
         shutil.rmtree(folder, ignore_errors=True)

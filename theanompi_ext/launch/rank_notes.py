@@ -5,7 +5,8 @@ When ``THEANOMPI_EXT_RANKS_DIR`` is set (``theanompi-ext train`` sets it when it
 starts mpiexec), every rank writes ``rank<R>`` there: ``<pid> <host> <state>``
 with state ``running``, ``done 0``, ``failed N`` or ``stopped N``; or ``died``,
 written by the rank's keeper (:mod:`.rank_keeper`) when the rank has gone
-while its note still said ``running``. The launcher maps the PID that
+while its note still said ``running``. A rank that aborts the job also
+leaves ``rank<R>.why``, its own line on why (:func:`write_rank_why`). The launcher maps the PID that
 mpiexec reports for a killed process back to its rank, and notices ranks
 that vanished without finishing.
 
@@ -79,6 +80,35 @@ def write_rank_note(folder, rank, state):
         os.replace(path + '.tmp', path)
     except OSError:
         pass   # notes only improve messages; never fail a run over them
+
+
+#: The file beside rank R's note that holds its own line on why it aborted the job.
+WHY_SUFFIX = '.why'
+#: At most this many characters of that line are kept.
+WHY_CHARS = 4000
+
+
+def write_rank_why(folder, rank, line):
+    """Keep ``line``, rank ``rank``'s own line on why it aborts the job, beside its
+    note (whole, by a rename; never fails the run): the launcher repeats it when
+    the line itself did not reach it (``launch/lost_lines.py``)."""
+    path = os.path.join(folder, 'rank%d%s' % (rank, WHY_SUFFIX))
+    try:
+        with open(path + '.tmp', 'w', encoding='utf-8', errors='backslashreplace') as f:
+            f.write(line.strip()[:WHY_CHARS] + '\n')
+        os.replace(path + '.tmp', path)
+    except OSError:
+        pass
+
+
+def read_rank_why(folder, rank):
+    """Rank ``rank``'s own line on why it aborted (:func:`write_rank_why`), or None."""
+    try:
+        with open(os.path.join(folder, 'rank%d%s' % (rank, WHY_SUFFIX)), encoding='utf-8',
+                  errors='replace') as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _notes_in(folder):

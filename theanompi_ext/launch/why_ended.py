@@ -83,12 +83,24 @@ def failed_notes(notes):
     return sorted(r for r, (_, _, state) in notes.items() if state.startswith('failed'))
 
 
-def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
+def _lost_said(lost, ranks):
+    """``; its own line did not come through ...: LINE`` for the lines of ``ranks``
+    in ``lost`` (``launch/lost_lines.py``), else ''."""
+    lines = [lost[r].replace('theanompi-ext: ', '', 1) for r in ranks if r in (lost or {})]
+    if not lines:
+        return ''
+    return ('; %s own line%s did not come through (the job\'s output was held up or cut on '
+            'its way here), and said: %s' % ('its' if len(ranks) == 1 else 'their',
+                                             's' if len(lines) > 1 else '', ' | '.join(lines)))
+
+
+def _ended_by_ranks(status, report, notes, of, failed=None, size=None, lost=None):
     """The launcher's line for a job that its own ranks ended (a rank's error or
     watchdog message above says why): ``failed`` when given, else the aborting
     rank (``report.aborted``), else the ranks whose notes say ``failed``, with
     their hosts; the job's status whatever mpiexec's words, so that the last
-    line is always ours."""
+    line is always ours. ``lost``: ``{rank: its own line}`` of the ranks whose
+    line did not come through, said here instead."""
     if failed is None:
         failed = [report.aborted[0]] if report.aborted is not None else failed_notes(notes)
     training = unfinished_ranks(notes)
@@ -105,16 +117,17 @@ def _ended_by_ranks(status, report, notes, of, failed=None, size=None):
         pid, host = notes.get(rank, (0, report.aborted and report.aborted[1], ''))[:2]
         who = 'rank %d%s (%son %s)' % (rank, of, 'pid %d ' % pid if pid else '',
                                        host or 'an unknown host')
-        return ('theanompi-ext: %s ended the job (exit status %d); its own line above says why'
-                % (who, status))
+        return ('theanompi-ext: %s ended the job (exit status %d)%s'
+                % (who, status, _lost_said(lost, failed) or '; its own line above says why'))
     hosts = ', '.join(sorted({notes[r][1] for r in failed if r in notes}))
     if len(notes) == len(failed) == (size or len(failed)):
         # every rank failed at the same point (train/faults.say_failure): rank 0
         # reported it for all
         return ('theanompi-ext: all %d ranks (on %s) ended the job (exit status %d); rank '
                 "0's report above says why" % (len(failed), hosts, status))
-    return ('theanompi-ext: ranks %s%s (on %s) ended the job (exit status %d); their own '
-            'lines above say why' % (rank_list(failed), of, hosts, status))
+    return ('theanompi-ext: ranks %s%s (on %s) ended the job (exit status %d)%s'
+            % (rank_list(failed), of, hosts, status,
+               _lost_said(lost, failed) or '; their own lines above say why'))
 
 
 def _mpiexec_killed(signum, mpiexec_pid, notes, of):
@@ -135,7 +148,7 @@ def _mpiexec_killed(signum, mpiexec_pid, notes, of):
                else '', ranks, EXIT_FAILED)), EXIT_FAILED
 
 
-def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None):
+def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None, lost=None):
     """(message or None, exit status) for a finished job: None only for success.
 
     ``report`` is a :class:`~.launcher_report.LauncherReport`, ``notes`` the
@@ -143,7 +156,9 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
     ranks started, ``first_exit`` the rank seen to exit first
     (:class:`~.exit_order.ExitOrder`), which wins over the launcher's PID when it is a
     rank that was still running. A negative ``status`` is mpiexec (pid
-    ``mpiexec_pid``) killed by that signal.
+    ``mpiexec_pid``) killed by that signal. ``lost``: ``{rank: its own line}``
+    of the ranks that ended the job whose line did not come through
+    (``launch/lost_lines.py``).
     """
     of = ' of %d' % size if size else ''
     if status == 0:
@@ -173,7 +188,7 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
         # that peer, whom prterun names (measured: 1 run in 3 of a crawling link).
         # The closed connection is the noted error's effect: that error is the story
         status = note_status(notes[failed[0]][2]) or status
-        return _ended_by_ranks(status, report, notes, of, failed, size), status
+        return _ended_by_ranks(status, report, notes, of, failed, size, lost), status
     if status < 0:
         # mpiexec died of signal -status (ours were told above: a stop, a timeout, Open
         # MPI's abort of a rank that lost a peer). A rank's error noted before is
@@ -183,7 +198,13 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
             return _mpiexec_killed(-status, mpiexec_pid, notes, of)
         status = (note_status(notes[failed[0]][2]) if failed else None) or EXIT_FAILED
     if report.pid is None:
-        return _ended_by_ranks(status, report, notes, of, size=size), status
+        failed = failed_notes(notes)
+        if status == HYDRA_LAUNCHER_ERROR and failed:
+            # hydra's status when a proxy closed under it: the aborting rank's own
+            # bound ended its proxy (collective/abort_alone.end_alone) before mpiexec
+            # heard the abort (mpiexec held up meanwhile); the rank's status stands
+            status = note_status(notes[failed[0]][2]) or status
+        return _ended_by_ranks(status, report, notes, of, size=size, lost=lost), status
     pid, host = report.pid, report.host
     rank = next((r for r, (p, _, _) in notes.items() if p == pid), report.rank)
     if not pid and rank in notes:          # Open MPI 4.x may say "PID 0"
@@ -192,7 +213,7 @@ def explain(status, report, notes, size=None, first_exit=None, mpiexec_pid=None)
         # Open MPI: a rank ended without MPI_Finalize; one that had not finished
         # training is the silent case above, told the same way
         if rank is None:
-            return _ended_by_ranks(status, report, notes, of, size=size), status
+            return _ended_by_ranks(status, report, notes, of, size=size, lost=lost), status
         if not unfinished(notes.get(rank, (0, '', 'running'))[2]):
             return ('theanompi-ext: rank %d%s (pid %d on %s) exited without finalizing MPI '
                     'after it had finished training; mpiexec ended the job (exit status %d)'

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from ..errors import RankMismatchError, raised_on_all_ranks
-from ..launch.rank_notes import RANKS_DIR_VAR, write_rank_note
+from ..launch.rank_notes import RANKS_DIR_VAR, write_rank_note, write_rank_why
 
 
 def stop_with_parent():
@@ -71,8 +71,9 @@ def keep_rank(comm):
 
 
 class _AbortNote(object):
-    """``failed N`` in rank ``rank``'s note when it aborts with N (equal per rank and
-    folder, so that it is registered once)."""
+    """``failed N`` in rank ``rank``'s note when it aborts with N, and beside it the
+    rank's own line on why, when it said one (equal per rank and folder, so that
+    it is registered once)."""
 
     def __init__(self, folder, rank):
         self.key = (folder, rank)
@@ -84,6 +85,10 @@ class _AbortNote(object):
         return hash(self.key)
 
     def __call__(self, code):
+        from ..collective.abort_alone import reason
+        line = reason()
+        if line:
+            write_rank_why(self.key[0], self.key[1], line)
         write_rank_note(self.key[0], self.key[1], 'failed %d' % code)
 
 
@@ -217,6 +222,8 @@ class _OwnLine(object):
         with self._lock:
             if not self._said:
                 self._said = True
+                from ..collective.abort_alone import say_reason
+                say_reason(self.line)
                 _say(self.line)
 
 
