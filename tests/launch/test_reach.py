@@ -308,6 +308,47 @@ def test_a_daemon_lost_during_the_run_is_named():
     # no banner, or one without a host: the message as it was
     assert with_daemon_lost('theanompi-ext: x', None) == 'theanompi-ext: x'
     assert with_daemon_lost('theanompi-ext: x', [None, None]) == 'theanompi-ext: x'
+    assert LaunchWatch().daemon_ended is None
+
+
+# captured (Open MPI 5.0.11, 2 emulated hosts x 1 rank, CI): tmxh1's prted alone
+# SIGKILLed mid-run; prterun printed this banner instead of the spawn one, and exited 0
+OPENMPI_LOST_DAEMON = b"""--------------------------------------------------------------------------
+PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-vm-9295@0,0] on node vm
+  Remote daemon: [prterun-vm-9295@0,2] on node tmxh1
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+--------------------------------------------------------------------------
+"""
+
+
+def test_a_daemon_lost_by_prrtes_other_banner_is_named():
+    """The host is the remote daemon's, not the launcher's (``HNP daemon``); the
+    launch itself did not fail."""
+    from theanompi_ext.launch.launcher_report import LauncherReport
+    from theanompi_ext.launch.why_ended import explain
+    from theanompi_ext.launch.reach import LaunchWatch, with_daemon_lost
+    watch = LaunchWatch()
+    for line in OPENMPI_LOST_DAEMON.splitlines(True):
+        watch.feed(line)
+    assert watch.daemon_ended == ['tmxh1', None] and not watch.failed
+    assert watch.no_report is None          # not a daemon that never reported back
+    notes = {0: (9348, 'tmxh0', 'running'), 1: (9349, 'tmxh1', 'running')}
+    msg, status = explain(0, LauncherReport(), notes, 2)
+    assert (with_daemon_lost(msg, watch.daemon_ended), status) == (
+        "theanompi-ext: host tmxh1: Open MPI's daemon (prted) ended during the run: the host, "
+        "the daemon or the launcher's connection to it was lost; rank 0 (pid 9348 on tmxh0), "
+        "rank 1 (pid 9349 on tmxh1) of 2 ended without finishing training although mpiexec "
+        "reported success; the run is incomplete (exit status 3)", 3)
+    # the spawn banner, when both came, names the host with the daemon's status
+    for line in (OPENMPI_NO_REPORT % 0).splitlines(True):
+        watch.feed(line)
+    assert watch.daemon_ended == ['tmxh1', 0]
 
 
 # captured: 2 emulated hosts x 1 rank, a prohibit route between the hosts (the hub

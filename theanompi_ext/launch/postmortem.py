@@ -415,7 +415,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
                                   mpiexec_pid=proc.pid,
                                   lost=lost_lines(folder, failed_notes(notes), said))
         if status and notes:
-            message = with_daemon_lost(message, launch.no_report)
+            message = with_daemon_lost(message, launch.daemon_ended)
         if status and not notes and report.pid is None:
             unreached = explain_launch(launch, hostfile,
                                        expected=None if openmpi else proxy_program(cmd[0]))

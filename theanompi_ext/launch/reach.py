@@ -42,6 +42,15 @@ LAUNCH_FAILED = re.compile(rb'Launch proxy failed|unable to connect from "([^"]+
 DAEMON_FAILED = b'A daemon failed to report back after being spawned'
 DAEMON_HOST = re.compile(rb'^\s*Remote host:\s*(\S+)')
 DAEMON_STATUS = re.compile(rb'^\s*Daemon exit status:\s*(-?\d+)')
+#: PRRTE's other banner for a daemon lost during the run, and its line naming the
+#: host (measured, Open MPI 5.0.11: tmxh1's prted SIGKILLed, 3 runs in 5 this one,
+#: prterun then exiting 0)::
+#:
+#:     PRTE has lost communication with a remote daemon.
+#:       HNP daemon   : [prterun-vm-9295@0,0] on node vm
+#:       Remote daemon: [prterun-vm-9295@0,2] on node tmxh1
+DAEMON_LOST = b'PRTE has lost communication with a remote daemon'
+DAEMON_NODE = re.compile(rb'^\s*Remote daemon\s*:\s*\S+ on node (\S+)')
 #: A shell's status for a command it did not find.
 NOT_FOUND_STATUS = 127
 #: A shell's words for a program it could not find (bash, dash): the program's path
@@ -137,10 +146,27 @@ class LaunchWatch(object):
         self.failed = False
         self.no_callback = None      # (host, address, why)
         self.no_report = None        # Open MPI: [host, daemon status or None]
+        self.lost = None             # Open MPI: [host] of a daemon lost during the run
         self.missing = None          # a program's path a shell did not find
+
+    @property
+    def daemon_ended(self):
+        """Open MPI: ``[host, its status or None]`` of a daemon that ended, from either
+        of PRRTE's banners (:data:`DAEMON_FAILED`, :data:`DAEMON_LOST`), or None."""
+        if self.no_report and self.no_report[0]:
+            return self.no_report
+        return [self.lost[0], None] if self.lost and self.lost[0] else None
 
     def feed(self, line):
         """Look at one line (bytes) of mpiexec's output."""
+        if DAEMON_LOST in line:
+            if self.lost is None:
+                self.lost = [None]
+            return
+        if self.lost is not None and self.lost[0] is None:
+            node = DAEMON_NODE.match(line)
+            if node:
+                self.lost[0] = node.group(1).decode('utf-8', 'replace')
         if DAEMON_FAILED in line:
             self.failed = True
             if self.no_report is None:
@@ -214,10 +240,11 @@ def explain_launch(watch, hostfile, agent=None, expected=None):
 def with_daemon_lost(message, no_report):
     """``message`` (the launcher's line on a job whose ranks had started) told with
     the Open MPI daemon that ended during the run: ``no_report`` is
-    :attr:`LaunchWatch.no_report`, whose banner PRRTE also prints when a daemon
-    it started (its agent's child) ends mid-run, and prterun may then exit 0
-    (measured, Open MPI 5.0.11: every process of an emulated host SIGKILLed;
-    `Daemon exit status: 0`). Unchanged without a host."""
+    :attr:`LaunchWatch.daemon_ended`: the spawn banner, which PRRTE also prints
+    when a daemon it started (its agent's child) ends mid-run, or its banner of
+    a daemon it lost communication with; prterun may then exit 0 (measured,
+    Open MPI 5.0.11: every process of an emulated host SIGKILLed, or its daemon
+    alone; `Daemon exit status: 0`). Unchanged without a host."""
     if not no_report or not no_report[0]:
         return message
     host, status = no_report
