@@ -173,3 +173,26 @@ def test_unread_streams_are_the_full_pipes(tmp_path):
     finally:
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.parametrize('value', ['soon', '-1', '0', 'inf'])
+def test_a_bad_bound_is_refused_before_the_launch(value, tmp_path, monkeypatch):
+    """THEANOMPI_EXT_STOP_BOUND_S not a number of seconds > 0: bad input (2) naming it,
+    said before anything runs; a stop's handler, which must not raise, would take
+    the default."""
+    import io
+    from theanompi_ext.launch import postmortem
+    monkeypatch.setenv(stop_bound.STOP_BOUND_VAR, value)
+    marker = tmp_path / 'ran'
+    err = io.StringIO()
+    status = postmortem.run_explained([sys.executable, '-c', 'open(%r, "w")' % str(marker)],
+                                      size=1, err=err)
+    assert status == 2 and not marker.exists(), err.getvalue()
+    assert err.getvalue() == ("theanompi-ext: THEANOMPI_EXT_STOP_BOUND_S=%r: not a number of "
+                              "seconds > 0\n" % value)
+    monkeypatch.setattr(stop_bound, '_timers', [])
+    stop_bound.arm(signal.SIGTERM)
+    try:
+        assert stop_bound._timers[0].interval == stop_bound.STOP_BOUND_S
+    finally:
+        stop_bound.disarm()

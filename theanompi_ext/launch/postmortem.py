@@ -321,6 +321,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     out, err = out or sys.stdout, err or sys.stderr
     try:
         after_ranks_wait, hold = after_ranks_s(), hold_bytes()
+        stop_bound.bound_s()        # a bad bound refused now, not in a stop's handler
     except ValueError as exc:
         err.write('theanompi-ext: %s\n' % exc)
         return EXIT_BAD_INPUT

@@ -26,6 +26,7 @@ import signal
 import threading
 
 from ..errors import EXIT_SIGNAL_BASE
+from .env_seconds import seconds_from_env
 
 #: Seconds from a stop signal to the launcher's end, whatever happens in between:
 #: the stop takes STOP_GRACE_S + 1 + STOP_JOIN_S; past this bound the launcher
@@ -65,8 +66,10 @@ def job_ended():
 
 
 def bound_s():
-    """The bound in seconds (:data:`STOP_BOUND_VAR`, else :data:`STOP_BOUND_S`)."""
-    return float(os.environ.get(STOP_BOUND_VAR) or STOP_BOUND_S)
+    """The bound in seconds (:data:`STOP_BOUND_VAR`, else :data:`STOP_BOUND_S`);
+    :class:`~theanompi_ext.errors.BadInput` naming the variable when it is not a
+    number > 0 (``launch/postmortem.run_explained`` asks before the launch)."""
+    return seconds_from_env(STOP_BOUND_VAR, STOP_BOUND_S)
 
 
 def unread_message(signum, bound, unread, ended):
@@ -129,7 +132,11 @@ def arm(signum):
     :data:`SAY_S` more. A second call while armed does nothing."""
     if _timers:
         return
-    timer = threading.Timer(bound_s(), _end, (signum, bound_s()))
+    try:
+        bound = bound_s()
+    except ValueError:          # refused before the launch; never raised in a handler
+        bound = STOP_BOUND_S
+    timer = threading.Timer(bound, _end, (signum, bound))
     timer.daemon = True
     timer.start()
     _timers.append(timer)
