@@ -95,6 +95,22 @@ def _stream_closed(stream):
     return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in events)
 
 
+def cannot_take_a_line(fd, wait_s=0.0):
+    """True when descriptor ``fd`` cannot take a line within ``wait_s`` seconds: a
+    pipe or terminal whose reader stopped reading (Ctrl-S, a pager left open, a
+    process held up). A file, however slow its disk, is always writable to
+    ``poll``; a closed descriptor, or a pipe whose reader has gone (a write
+    fails at once: :func:`is_closed`), is no wait and not counted."""
+    poller = select.poll()
+    try:
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(int(wait_s * 1000))
+    except (OSError, ValueError):
+        return False
+    return not any(ev & (select.POLLOUT | select.POLLERR | select.POLLHUP | select.POLLNVAL)
+                   for _, ev in events)
+
+
 def is_closed(exc=None):
     """True when standard output or standard error has lost its reader.
 

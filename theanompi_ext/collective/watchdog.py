@@ -40,7 +40,6 @@ block the very thread that has to abort.
 import atexit
 import collections
 import os
-import select
 import socket
 import sys
 import threading
@@ -49,6 +48,7 @@ import time
 import numpy as np
 
 from ..errors import EXIT_TIMEOUT
+from ..output_faults import cannot_take_a_line
 from ..running_clock import RunningClock
 from .abort_alone import say_reason
 from .base import Communicator
@@ -80,16 +80,7 @@ def unread_output(fds=((1, _OUT_FULL), (2, _ERR_FULL))):
     to its MPI daemon that nobody empties (mpiexec or the launcher held up, or
     the launcher's own output not read), in which a rank printing progress
     blocks between steps."""
-    bits = 0
-    for fd, bit in fds:
-        poller = select.poll()
-        try:
-            poller.register(fd, select.POLLOUT)
-            if not poller.poll(0):
-                bits |= bit
-        except (OSError, ValueError):
-            pass
-    return bits
+    return sum(bit for fd, bit in fds if cannot_take_a_line(fd))
 
 
 class PeerState(object):

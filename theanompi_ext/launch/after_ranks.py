@@ -30,6 +30,7 @@ import time
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE
 from .env_seconds import seconds_from_env
+from .lost_lines import told
 from .rank_notes import DIED, note_times, read_rank_notes
 
 #: Seconds mpiexec gets to end after every rank's note says it has ended: far
@@ -161,8 +162,7 @@ class AfterRanks(threading.Thread):
                 status
         # its own line went the way mpiexec's word did: it may not have arrived
         line = (lost or {}).get(failed[0])
-        said = ('its own line did not come through (lost with that connection), and said: %s'
-                % line.replace('theanompi-ext: ', '', 1) if line else
+        said = (told([line], 'lost with that connection') if line else
                 'its own line, if it is not above, was lost with that connection')
         return ('theanompi-ext: rank %d%s (pid %d on %s) ended the job (exit status %d); %s; %s'
                 % (failed[0], of, pid, host, status, tail, said)), status

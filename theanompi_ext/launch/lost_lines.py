@@ -52,3 +52,12 @@ def lost_lines(folder, ranks, said):
         if line and not said.seen(line):
             lost[rank] = line
     return lost
+
+
+def told(lines, how, whose='its'):
+    """``WHOSE own line(s) did not come through (HOW), and said: LINE | LINE``: the
+    launcher's words for ``lines`` (:func:`lost_lines`' values), without their
+    ``theanompi-ext: `` prefix."""
+    return ('%s own line%s did not come through (%s), and said: %s'
+            % (whose, 's' if len(lines) > 1 else '', how,
+               ' | '.join(line.replace('theanompi-ext: ', '', 1) for line in lines)))

@@ -389,9 +389,9 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             return last_words(EXIT_TIMED_OUT, timed_out_message(timeout))
         report = out_report if out_report.pid is not None else err_report
         notes = read_rank_notes(folder)
+        lost = lost_lines(folder, failed_notes(notes), said)     # ranks' lines not seen
         if after_ranks.fired:
-            message, status = after_ranks.message(
-                notes, lost=lost_lines(folder, failed_notes(notes), said))
+            message, status = after_ranks.message(notes, lost=lost)
             return last_words(status, message)
         if after_abort.fired:
             message, status = after_abort.message(size, notes)
@@ -413,8 +413,7 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             # mpiexec heard of the abort: hydra's trail is that abort's, told below
             gate.begin()
         message, status = explain(status, report, notes, size, first_exit=watch.first(),
-                                  mpiexec_pid=proc.pid,
-                                  lost=lost_lines(folder, failed_notes(notes), said))
+                                  mpiexec_pid=proc.pid, lost=lost)
         if status and notes:
             message = with_daemon_lost(message, launch.daemon_ended)
         if status and not notes and report.pid is None:

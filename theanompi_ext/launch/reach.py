@@ -146,7 +146,8 @@ class LaunchWatch(object):
         self.failed = False
         self.no_callback = None      # (host, address, why)
         self.no_report = None        # Open MPI: [host, daemon status or None]
-        self.lost = None             # Open MPI: [host] of a daemon lost during the run
+        self.lost = False            # Open MPI: a daemon lost during the run, said
+        self.lost_host = None        # ... and the host its banner named
         self.missing = None          # a program's path a shell did not find
 
     @property
@@ -155,18 +156,16 @@ class LaunchWatch(object):
         of PRRTE's banners (:data:`DAEMON_FAILED`, :data:`DAEMON_LOST`), or None."""
         if self.no_report and self.no_report[0]:
             return self.no_report
-        return [self.lost[0], None] if self.lost and self.lost[0] else None
+        return [self.lost_host, None] if self.lost_host else None
 
     def feed(self, line):
         """Look at one line (bytes) of mpiexec's output."""
         if DAEMON_LOST in line:
-            if self.lost is None:
-                self.lost = [None]
+            self.lost = True
             return
-        if self.lost is not None and self.lost[0] is None:
-            node = DAEMON_NODE.match(line)
-            if node:
-                self.lost[0] = node.group(1).decode('utf-8', 'replace')
+        node = DAEMON_NODE.match(line) if self.lost and self.lost_host is None else None
+        if node:
+            self.lost_host = node.group(1).decode('utf-8', 'replace')
         if DAEMON_FAILED in line:
             self.failed = True
             if self.no_report is None:

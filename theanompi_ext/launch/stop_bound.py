@@ -21,11 +21,11 @@ says that, not a stack of each thread.
 """
 import faulthandler
 import os
-import select
 import signal
 import threading
 
 from ..errors import EXIT_SIGNAL_BASE
+from ..output_faults import cannot_take_a_line
 from .env_seconds import seconds_from_env
 
 #: Seconds from a stop signal to the launcher's end, whatever happens in between:
@@ -44,20 +44,8 @@ _jobs = []           # the job (mpiexec's Popen) that the stop under way ends
 
 def unread_streams(wait_s=UNREAD_S, fds=((1, 'standard output'), (2, 'standard error'))):
     """The names of the launcher's standard streams that cannot take a line within
-    ``wait_s`` seconds: a pipe or terminal whose reader stopped reading. A file,
-    however slow its disk, is always writable to ``poll``."""
-    unread = []
-    for fd, name in fds:
-        poller = select.poll()
-        try:
-            poller.register(fd, select.POLLOUT)
-            events = poller.poll(int(wait_s * 1000))
-        except (OSError, ValueError):          # closed: nothing waits on it
-            continue
-        if not any(ev & (select.POLLOUT | select.POLLERR | select.POLLHUP)
-                   for _, ev in events):
-            unread.append(name)
-    return unread
+    ``wait_s`` seconds (``output_faults.cannot_take_a_line``)."""
+    return [name for fd, name in fds if cannot_take_a_line(fd, wait_s)]
 
 
 def job_ended():

@@ -16,6 +16,7 @@ import socket
 
 from ..errors import (EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, EXIT_SIGNAL_BASE, EXIT_TIMEOUT)
 from .after_ranks import note_status
+from .lost_lines import told
 from .rank_notes import rank_list, unfinished, unfinished_ranks
 from .reach import REACH_EACH_OTHER
 
@@ -86,12 +87,11 @@ def failed_notes(notes):
 def _lost_said(lost, ranks):
     """``; its own line did not come through ...: LINE`` for the lines of ``ranks``
     in ``lost`` (``launch/lost_lines.py``), else ''."""
-    lines = [lost[r].replace('theanompi-ext: ', '', 1) for r in ranks if r in (lost or {})]
+    lines = [lost[r] for r in ranks if r in (lost or {})]
     if not lines:
         return ''
-    return ('; %s own line%s did not come through (the job\'s output was held up or cut on '
-            'its way here), and said: %s' % ('its' if len(ranks) == 1 else 'their',
-                                             's' if len(lines) > 1 else '', ' | '.join(lines)))
+    return '; ' + told(lines, "the job's output was held up or cut on its way here",
+                       'its' if len(ranks) == 1 else 'their')
 
 
 def _ended_by_ranks(status, report, notes, of, failed=None, size=None, lost=None):
