@@ -28,7 +28,7 @@ def catch(handlers):
     old = {}
     for sig, handler in handlers.items():
         if not ignored(sig):
-            old[sig] = signal.signal(sig, handler)
+            old[sig] = _set(sig, handler)
     return old
 
 
@@ -39,7 +39,29 @@ def restore(old):
     for sig, handler in old.items():
         if _stop_begun and sig in STOP_SIGNALS:
             continue
-        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        _set(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def after_set(sig, install):
+    """Call ``install()`` after each handler :func:`catch` and :func:`restore` set
+    for ``sig`` (``None``: no longer): a handler of C code that runs before the
+    one set, chained to it, which ``signal.signal`` replaces and Python cannot
+    name (a rank's :mod:`faulthandler` mark of SIGTERM, ``launch/signal_marks.py``)."""
+    if install is None:
+        _after_set.pop(sig, None)
+    else:
+        _after_set[sig] = install
+
+
+#: Set by :func:`after_set`.
+_after_set = {}
+
+
+def _set(sig, handler):
+    old = signal.signal(sig, handler)
+    if sig in _after_set:
+        _after_set[sig]()
+    return old
 
 
 def hold():

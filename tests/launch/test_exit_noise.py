@@ -159,3 +159,38 @@ def test_prteruns_abort_line_before_the_end_is_shown_if_the_job_ends_otherwise()
     _run(OPENMPI_SECOND_SIGNAL, gate)
     gate.begin(banner=True)
     assert gate.unheld() == [] and len(gate.held) == 1
+
+
+# captured: Open MPI 5.0.11, 2 emulated hosts whose ranks' routes to each other were
+# refused (test_faults_across_hosts.py::test_hosts_whose_ranks_cannot_reach_each_other
+# [rejected], twice in 2 sessions): its standard error, with the NUL that prterun's
+# output forwarding put before the rank's BTL line
+OPENMPI_REFUSED_WITH_NUL = (
+    b"[tmxh1:00000] *** An error occurred in Socket closed\n"
+    b"[tmxh1:00000] *** reported by process [1207173121,1]\n"
+    b"[tmxh1:00000] *** on a NULL communicator\n"
+    b"[tmxh1:00000] *** Unknown error\n"
+    b"[tmxh1:00000] *** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,\n"
+    b"[tmxh1:00000] ***    and MPI will try to terminate your MPI job as well)\n"
+    b"\0[tmxh1][[18420,1],1][/openmpi-5.0.11/opal/mca/btl/tcp/btl_tcp_endpoint.c:854:"
+    b"mca_btl_tcp_endpoint_start_connect] peer: tmxh0 Unable to connect to the peer "
+    b"10.77.0.1 on port 1024: Permission denied\n"
+    b"\n" + OPENMPI_ABORTED.replace(b'rank 0 with PID 0 on node tmxh0',
+                                    b'rank 1 with PID 0 on node tmxh1'))
+
+
+def test_a_line_behind_a_nul_is_still_read():
+    """The line behind Open MPI's NUL names the host that could not be reached: the
+    reports read it (the line is shown as it came). Before, the NUL hid it, and the
+    launcher said a rank on another host had died of a closed socket."""
+    from theanompi_ext.launch.why_ended import explain
+    report = LauncherReport()
+    shown = _run(OPENMPI_REFUSED_WITH_NUL, EndingFilter(), report)
+    assert '\0[tmxh1][[18420,1],1]' in shown
+    assert report.unreachable_peer == (1, 'tmxh1', 'tmxh0', '10.77.0.1', 1024,
+                                       'Permission denied'), report.unreachable_peer
+    message, status = explain(3, report, {0: (10, 'tmxh0', 'running'),
+                                          1: (11, 'tmxh1', 'running')}, 2)
+    assert status == 3 and message.startswith(
+        'theanompi-ext: rank 1 of 2 on tmxh1 could not connect to a rank on tmxh0 '
+        '(10.77.0.1, port 1024: Permission denied)'), message

@@ -63,6 +63,23 @@ def test_sigkilled_rank_ends_job_fast_and_is_named(tmp_path):
     assert not _alive(pid)
 
 
+def test_sigterm_to_one_rank_names_that_rank(tmp_path):
+    """SIGTERM to one rank alone (``kill PID``) is that rank's death, named as for
+    SIGKILL, status 15: not a stop of the job from outside, which needs every rank
+    marked (launch/signal_marks.py). Open MPI's prterun sends the other rank
+    SIGTERM itself after reporting the first, so there both ranks are marked: its
+    report of rank 1 decides."""
+    rc, out, err, t_end = run_fault(tmp_path, 'term', launcher=True)
+    pid, t_kill = fault_time(err)
+    assert rc == 15, (rc, out[-2000:], err[-2000:])
+    assert re.search(r'theanompi-ext: rank 1 of 2 \(pid %d on \S+\) died: Terminated '
+                     r'\(signal 15\); mpiexec stopped the other ranks \(exit status 15\)$' % pid,
+                     err.replace('\0', '').strip().splitlines()[-1]), err[-3000:]
+    assert 'was sent SIGTERM' not in err
+    assert t_end - t_kill < 15
+    assert not _alive(pid)
+
+
 def test_hung_rank_times_out_with_report_naming_it(tmp_path):
     """A stopped rank (alive, no progress): the others warn after stall_warn_s, abort
     after collective_timeout_s with exit status 4, naming the rank."""

@@ -292,27 +292,40 @@ def test_hosts_whose_ranks_cannot_reach_each_other(eh, tmp_path, block):
     assert t_gone < 10
 
 
-def test_mpiexec_killed(eh, tmp_path):
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM],
+                         ids=lambda s: signal.Signals(s).name)
+def test_mpiexec_killed(eh, tmp_path, sig):
     """mpiexec itself SIGKILLed on the launcher's host (the OOM killer's pick, a kill
     -9): the launcher says so, status 3 (a restart may cure it); the proxies or
-    daemons on every host see it gone and end their ranks; nothing is left on any
-    host, the last checkpoint whole."""
+    daemons on every host see it gone and end their ranks. SIGTERM to mpiexec alone
+    (``kill PID``): it passes the stop on to every rank on every host, each marks it
+    (launch/signal_marks.py), and the launcher says the job was stopped from outside,
+    143, blaming no rank. Nothing is left on any host, the last checkpoint whole."""
     job = Job(eh, str(tmp_path))
     job.training()
     launchers = [p for p in ns_pids(eh.hub) if re.search(rb'(^|/)(mpiexec|prterun)\0',
                                                           cmdline(p))]
     assert len(launchers) == 1, [cmdline(p) for p in ns_pids(eh.hub)]
     t0 = time.monotonic()
-    os.kill(launchers[0], signal.SIGKILL)
+    os.kill(launchers[0], sig)
     rc, _ = job.end()
     t_exit, t_gone = time.monotonic() - t0, everything_gone(eh, t0)
-    print('\nSIGKILL of mpiexec -> launcher exit %.2f s, every host clear %.2f s'
-          % (t_exit, t_gone))
-    assert rc == 3, job.text()[-3000:]
-    assert re.match(r'theanompi-ext: mpiexec \(pid %d on \S+\) was killed by SIGKILL \(signal '
-                    r'9\), not by this launcher .*; its ranks ended with it; ranks 0, 1 of 2 had '
-                    r'not finished training \(exit status 3\)' % launchers[0],
-                    job.text().replace('\0', '').strip().splitlines()[-1]), job.text()[-3000:]
+    print('\n%s of mpiexec -> launcher exit %.2f s, every host clear %.2f s'
+          % (signal.Signals(sig).name, t_exit, t_gone))
+    last = job.text().replace('\0', '').strip().splitlines()[-1]
+    if sig == signal.SIGTERM:
+        assert rc == 143, job.text()[-3000:]
+        assert last == (
+            'theanompi-ext: every rank of the job (0, 1 of 2) was sent SIGTERM, and not by this '
+            'launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` of '
+            'mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was stopped '
+            '(exit status 143)'), job.text()[-3000:]
+    else:
+        assert rc == 3, job.text()[-3000:]
+        assert re.match(r'theanompi-ext: mpiexec \(pid %d on \S+\) was killed by SIGKILL '
+                        r'\(signal 9\), not by this launcher .*; its ranks ended with it; ranks '
+                        r'0, 1 of 2 had not finished training \(exit status 3\)' % launchers[0],
+                        last), job.text()[-3000:]
     assert t_gone < 10
     whole_checkpoint(job)
 

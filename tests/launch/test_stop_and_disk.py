@@ -215,7 +215,8 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
     which hydra does not catch): the launcher's last line says so, naming the
     signal and the ranks that had not finished, status 3 (restartable:
     train/restarts.classify); every rank ends, the checkpoint verifies. (Open
-    MPI's prterun answers SIGHUP by ending its ranks and exiting 1 itself.)"""
+    MPI's prterun answers SIGHUP by sending every rank SIGTERM and exiting 1
+    itself: told as the stop from outside of the test below, 143.)"""
     out = tmp_path / 'run'
     t0 = time.time()
     job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
@@ -231,7 +232,9 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took
     if sig == signal.SIGHUP and is_openmpi(mpiexec()):
-        assert rc == 1, (rc, job.err()[-3000:])
+        assert rc == 143, (rc, job.err()[-3000:])
+        assert job.err().strip().splitlines()[-1] == stopped_from_outside(signal.SIGTERM), \
+            job.err()[-3000:]
     else:
         assert rc == 3, (rc, job.err()[-3000:])
         assert re.search(r'theanompi-ext: mpiexec \(pid \d+ on \S+\) was killed by %s '
@@ -239,6 +242,53 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
                          r'ranks 0, 1 of 2 had not finished training \(exit status 3\)$'
                          % (signal.Signals(sig).name, sig), job.err().strip().splitlines()[-1]), \
             job.err()[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+
+
+def stopped_from_outside(sig):
+    """The launcher's last line for a stop by ``sig`` that reached both ranks from
+    outside it (launch/signal_marks.py)."""
+    return ('theanompi-ext: every rank of the job (0, 1 of 2) was sent %s, and not by '
+            'this launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` '
+            'of mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was '
+            'stopped (exit status %d)' % (signal.Signals(sig).name, 128 + sig))
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, sig):
+    """SIGTERM to mpiexec alone (``kill`` of its PID; a supervisor that signals only
+    the process it started): hydra passes it on to every rank, Open MPI's prterun
+    sends every rank a SIGTERM of its own (for SIGINT too). Each rank marks the
+    SIGTERM as it dies (launch/signal_marks.py), and the launcher says the job was
+    stopped from outside, 143, which a restart supervisor does not restart; no rank
+    is blamed, nothing is left, the checkpoint verifies. Before: ``rank 1 of 2
+    died: Terminated (signal 15)``, status 15 and restarted (MPICH); status 1,
+    "mpiexec gave no report" (Open MPI). SIGINT, which hydra passes on as it is,
+    each rank takes as Ctrl-C: under MPICH, the rank whose abort ended the job is
+    named, 130 (a rank inside a checkpoint write holds it, so "every rank noted
+    SIGINT" cannot be told)."""
+    from theanompi_ext.train.restarts import classify
+    out = tmp_path / 'run'
+    job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+    took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
+                              the_mpiexec(job.proc.pid), 'the first checkpoints', sig,
+                              lambda: the_mpiexec(job.proc.pid))
+    print('\n%s to mpiexec alone -> every process of the job gone in %s s'
+          % (signal.Signals(sig).name, took and '%.2f' % took))
+    assert took is not None and took < 8, took
+    last = job.err().strip().splitlines()[-1]
+    if sig == signal.SIGINT and not is_openmpi(mpiexec()):
+        assert rc == 130, (rc, job.err()[-3000:])
+        assert re.match(r'theanompi-ext: rank [01] of 2 \(pid \d+ on \S+\) ended the job \(exit '
+                        r'status 130\); its own line above says why$', last), job.err()[-3000:]
+        assert re.search(r'theanompi-ext: rank [01] of 2 stopped by SIGINT \(exit status 130\)',
+                         job.err()), job.err()[-3000:]
+    else:
+        assert rc == 143, (rc, job.err()[-3000:])
+        assert last == stopped_from_outside(signal.SIGTERM), job.err()[-3000:]
+        assert 'died' not in job.err(), job.err()[-3000:]
+        assert classify(rc, job.err()) == (False, 'the job was stopped by SIGTERM')
     assert good_checkpoint(out / checkpoint.FILENAME) >= 1
 
 

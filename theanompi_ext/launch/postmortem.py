@@ -22,7 +22,7 @@ import threading
 import time
 
 from .. import output_faults, stop_signals
-from . import mpi_leftovers, stop_bound
+from . import mpi_leftovers, signal_marks, stop_bound
 from ..errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_SIGNAL_BASE, EXIT_TIMED_OUT,
                       EXIT_TIMEOUT)
 from .after_ranks import AfterRanks, after_ranks_s
@@ -247,12 +247,17 @@ def _pass_through(stream, dest, gate, *reports, shown=None, closed=None, hold=No
     held = HeldOutput(dest, hold_bytes() if hold is None else hold, closed)
     try:
         for line in iter(stream.readline, b''):
+            # Open MPI's output forwarding may put a NUL before a line (measured,
+            # 5.0.11: a rank's "\0[tmxh1][[...]] peer: tmxh0 Unable to connect ...",
+            # then told as a closed socket: twice in 2 sessions), which would hide it
+            # from every pattern: they read it without; what is shown is as it came
+            seen = line.replace(b'\0', b'')
             for report in reports:
-                report.feed(line)
+                report.feed(seen)
             if any(getattr(r, 'pid', None) is not None or getattr(r, 'aborted', None)
                    for r in reports):
                 gate.begin()
-            if not gate.let(line):
+            if not gate.let(seen):
                 continue
             if shown is not None:
                 shown[:] = [line]
@@ -412,6 +417,18 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             # a rank's own abort ended its proxy (collective/abort_alone.end_alone) before
             # mpiexec heard of the abort: hydra's trail is that abort's, told below
             gate.begin()
+        if status > 0 and not (after_abort.fired or proxies.closed or launch.lost or
+                               launch.daemon_ended):
+            # every rank sent SIGTERM, neither by the launcher nor as an MPI daemon
+            # died (its ranks then get SIGTERM: PR_SET_PDEATHSIG). hydra reports a
+            # rank on another host by its code alone: N for signal N
+            reported = None if report.pid is None else (
+                report.signal or (report.code if report.exit_string is None else 0))
+            if signal_marks.stopped_from_outside(signal_marks.signalled_ranks(folder), size,
+                                                 failed_notes(notes), reported, openmpi):
+                gate.begin()        # mpiexec's trail is of that stop, not a rank's death
+                message, status = signal_marks.message(size)
+                return last_words(status, message)
         message, status = explain(status, report, notes, size, first_exit=watch.first(),
                                   mpiexec_pid=proc.pid, lost=lost)
         if status and notes:

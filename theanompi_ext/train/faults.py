@@ -44,6 +44,17 @@ def note_rank(state, rank=None):
     before_abort(_AbortNote(folder, rank))
 
 
+def mark_stop_signal(rank):
+    """A SIGTERM that reaches this rank leaves a mark for the launcher as the rank
+    dies (:mod:`theanompi_ext.launch.signal_marks`): every rank marked is a stop
+    of the job from outside the launcher, not one rank's death. No-op unless the
+    launcher asked for notes."""
+    folder = os.environ.get(RANKS_DIR_VAR)
+    if folder:
+        from ..launch.signal_marks import mark_signal
+        mark_signal(folder, rank)
+
+
 def sweep_shared_memory():
     """The first rank of each host removes the shared-memory files that killed
     jobs of this user left there (:mod:`theanompi_ext.launch.mpi_leftovers`:

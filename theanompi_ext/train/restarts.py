@@ -97,8 +97,10 @@ def classify(status, message=''):
                               '(--checkpoint-signal)')
     if status in STOP_STATUSES:
         sig = signal.Signals(status - EXIT_SIGNAL_BASE)
-        return Verdict(False, 'the launcher was stopped by %s%s' % (
-            sig.name, ' (its output was closed)' if sig == signal.SIGPIPE else ''))
+        if sig == signal.SIGPIPE:
+            return Verdict(False, 'the launcher was stopped by SIGPIPE (its output was closed)')
+        # the launcher, or every rank from outside it (launch/signal_marks.py)
+        return Verdict(False, 'the job was stopped by %s' % sig.name)
     died = _DIED.search(message)
     if died and status < 5 and _KILLED_BY.search(died.group(4)):
         # hydra's status of a rank killed by signal N is N: SIGQUIT's 3 and SIGILL's 4

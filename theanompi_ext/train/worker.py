@@ -188,6 +188,7 @@ def guarded(fn):
     faults.stop_with_parent()
     comm = faults.prepare_agreement()
     faults.note_rank('running')
+    faults.mark_stop_signal(comm.rank)
     faults.keep_rank(comm)
     try:
         faults.sweep_shared_memory()         # what killed jobs left on this host

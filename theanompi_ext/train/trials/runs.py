@@ -119,7 +119,8 @@ def launch_run(setting, i, out, last=LAST_EPOCHS, timeout=None, reuse=False, ech
             rc = attempt(cfg, watch_env)[0]
     wall = time.perf_counter() - t0
     if rc in STOP_STATUSES:
-        # the launcher was stopped (its ranks are): so are the trials
+        # the job was stopped (the launcher, or every rank from outside it): so are
+        # the trials
         if rc == EXIT_SIGNAL_BASE + signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(rc)

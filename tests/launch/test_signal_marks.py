@@ -1,0 +1,215 @@
+"""A SIGTERM that reached a rank is marked as the rank dies (launch/signal_marks.py).
+
+Each case runs a small process that marks itself as a rank does
+(``mark_signal``), then signals it: the mark is there, and the process still
+ends by SIGTERM's default action, at once. No MPI: the jobs that use the marks
+are in test_stop_and_disk.py and test_faults.py.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from theanompi_ext import stop_signals
+from theanompi_ext.launch import signal_marks
+from theanompi_ext.launch.signal_marks import signalled_ranks, stopped_from_outside
+
+from support.paths import ROOT
+
+# the process prints "ready" once marked (and once in the block, for "held")
+_MARKED = textwrap.dedent('''
+    import os, signal, sys, time
+    from theanompi_ext.launch.signal_marks import mark_signal
+    print(mark_signal(sys.argv[1], 3), flush=True)
+    how = sys.argv[2]
+    if how == 'spin':
+        while True:
+            sum(range(1000))
+    elif how == 'held':
+        from theanompi_ext.files.signals import deferred_signals
+        with deferred_signals():
+            print('in the block', flush=True)
+            time.sleep(1.0)
+        print('after the block', flush=True)
+        time.sleep(60)
+    elif how == 'fork':
+        pid = os.fork()
+        if pid == 0:
+            print(os.getpid(), flush=True)      # once the fork's hooks have run
+            time.sleep(60)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print('child', os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1, flush=True)
+    else:
+        time.sleep(60)
+''')
+
+
+def _start(folder, how, **popen):
+    proc = subprocess.Popen([sys.executable, '-c', _MARKED, str(folder), how], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, **popen)
+    return proc, proc.stdout.readline().strip()
+
+
+def _gone_within(proc, seconds):
+    t0 = time.monotonic()
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize('how', ['sleep', 'spin'])
+def test_a_marked_rank_still_dies_by_sigterm_at_once_and_leaves_its_mark(tmp_path, how):
+    """Sleeping in C, or busy in Python: the default action still ends it (status
+    -15, well within a second; measured 3-5 ms), and rank 3's mark holds its stack."""
+    proc, ready = _start(tmp_path, how)
+    assert ready == 'True'
+    assert signalled_ranks(tmp_path) == set()          # opened, not yet written
+    assert (tmp_path / 'rank3.sigterm').exists()
+    os.kill(proc.pid, signal.SIGTERM)
+    took = _gone_within(proc, 5)
+    assert took is not None and took < 1, took
+    assert proc.returncode == -signal.SIGTERM
+    assert signalled_ranks(tmp_path) == {3}
+    assert 'most recent call first' in (tmp_path / 'rank3.sigterm').read_text()
+
+
+def test_a_sigterm_held_by_a_file_write_is_marked_when_it_comes(tmp_path):
+    """A write holds SIGTERM (files/signals.deferred_signals sets a handler of
+    Python's for its time): the mark is written when the signal comes, while the
+    write goes on (Open MPI's prterun SIGKILLs 0.25 s after its SIGTERM: a mark
+    left for the end of the write would be lost), and the signal then ends the
+    process after the block, by the default action, marked again."""
+    proc, ready = _start(tmp_path, 'held')
+    assert ready == 'True'
+    assert proc.stdout.readline().strip() == 'in the block'
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert proc.poll() is None                  # still in its 1 s block
+    assert signalled_ranks(tmp_path) == {3}
+    took = _gone_within(proc, 5)
+    assert took is not None and 0.2 < took < 2, took
+    assert proc.returncode == -signal.SIGTERM
+    assert proc.stdout.read() == ''        # ended as the block ended, by the default
+    assert (tmp_path / 'rank3.sigterm').read_text().count('most recent call first') == 2
+
+
+def test_a_forked_childs_sigterm_is_not_the_ranks(tmp_path):
+    """A forked child (the isolated writer of files/isolated.py) sent SIGTERM dies
+    by it but writes no mark for the rank."""
+    proc, _ = _start(tmp_path, 'fork')
+    child = int(proc.stdout.readline())
+    os.kill(child, signal.SIGTERM)
+    assert proc.stdout.readline().strip() == 'child %d' % signal.SIGTERM
+    assert _gone_within(proc, 10) is not None
+    assert signalled_ranks(tmp_path) == set()
+
+
+def test_sigterm_ignored_at_start_is_left_ignored_and_unmarked(tmp_path):
+    """Whoever started the rank ignored SIGTERM: it stays ignored, no mark file."""
+    proc, ready = _start(tmp_path, 'sleep',
+                         preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    try:
+        assert ready == 'False'
+        os.kill(proc.pid, signal.SIGTERM)
+        assert _gone_within(proc, 0.5) is None        # still there: killed by the wait
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (tmp_path / 'rank3.sigterm').exists()
+
+
+def test_a_mark_that_cannot_be_opened_is_no_error(tmp_path):
+    proc, ready = _start(tmp_path / 'missing', 'sleep')
+    proc.kill()
+    proc.wait()
+    assert ready == 'False'
+
+
+def test_signalled_ranks_reads_only_written_marks(tmp_path):
+    (tmp_path / 'rank0.sigterm').write_text('Stack (most recent call first):\n')
+    (tmp_path / 'rank12.sigterm').write_text('x')
+    (tmp_path / 'rank1.sigterm').write_text('')          # opened, never signalled
+    (tmp_path / 'rank2').write_text('1 host running\n')  # a note, not a mark
+    (tmp_path / 'rankx.sigterm').write_text('x')
+    (tmp_path / 'rank3.sigterm.tmp').write_text('x')
+    assert signalled_ranks(tmp_path) == {0, 12}
+    assert signalled_ranks(tmp_path / 'missing') == set()
+
+
+@pytest.mark.parametrize('signalled, size, failed, reported, openmpi, outside', [
+    ({0, 1}, 2, [], signal.SIGTERM, False, True),     # hydra's report of the first death
+    ({0, 1}, 2, [], None, False, True),
+    ({0, 1}, 2, [], None, True, True),                # prterun signalled: no report
+    ({0, 1, 2, 3}, 4, [], signal.SIGTERM, False, True),
+    ({1}, 2, [], signal.SIGTERM, False, False),       # one rank killed alone
+    ({0, 2, 3}, 4, [], signal.SIGTERM, False, False),
+    ({0, 1}, 2, [], signal.SIGTERM, True, False),     # prterun's report: rank 1 first
+    ({0, 1}, 2, [1], signal.SIGTERM, False, False),   # a rank's own error first
+    ({0, 1}, 2, [], signal.SIGKILL, False, False),
+    ({0, 1}, 2, [], 0, False, False),                 # a rank exited with a code
+    (set(), 0, [], None, False, False),
+])
+def test_stopped_from_outside(signalled, size, failed, reported, openmpi, outside):
+    assert stopped_from_outside(signalled, size, failed, reported, openmpi) is outside
+
+
+def test_the_launchers_line_for_a_stop_from_outside():
+    assert signal_marks.message(256) == (
+        'theanompi-ext: every rank of the job (0-255 of 256) was sent SIGTERM, and not by '
+        'this launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` of '
+        'mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was stopped '
+        '(exit status 143)', 143)
+
+
+def test_each_handler_set_is_followed_by_the_installer():
+    """stop_signals.after_set: catch and restore call it after each handler they set
+    for that signal, and only for it."""
+    calls = []
+    stop_signals.after_set(signal.SIGUSR2, lambda: calls.append(signal.getsignal(
+        signal.SIGUSR2)))
+    try:
+        handler = lambda s, f: None                # noqa: E731
+        old = stop_signals.catch({signal.SIGUSR2: handler, signal.SIGUSR1: handler})
+        assert calls == [handler]
+        stop_signals.restore(old)
+        assert calls == [handler, signal.SIG_DFL]
+    finally:
+        stop_signals.after_set(signal.SIGUSR2, None)
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    stop_signals.restore({signal.SIGUSR2: None})
+    assert len(calls) == 2
+
+
+def test_a_mark_runs_before_a_handler_of_pythons_set_after_it(tmp_path):
+    """A rank's handler of Python's for SIGTERM, set through stop_signals after the
+    mark: the mark is written and the handler still runs (chained), in this
+    process; restore then leaves the default action, marked."""
+    script = textwrap.dedent('''
+        import os, signal, sys, time
+        from theanompi_ext import stop_signals
+        from theanompi_ext.launch.signal_marks import mark_signal, signalled_ranks
+        mark_signal(sys.argv[1], 5)
+        got = []
+        old = stop_signals.catch({signal.SIGTERM: lambda s, f: got.append(s)})
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        print(got, sorted(signalled_ranks(sys.argv[1])), flush=True)
+        stop_signals.restore(old)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    ''')
+    proc = subprocess.run([sys.executable, '-c', script, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.stdout == '[%d] [5]\n' % signal.SIGTERM, proc
+    assert proc.returncode == -signal.SIGTERM, proc
+    assert (tmp_path / 'rank5.sigterm').read_text().count('most recent call first') == 2
