@@ -39,7 +39,8 @@ _mark = []      # the open mark file of this rank (faulthandler writes to it)
 
 def mark_signal(folder, rank):
     """From now on a SIGTERM that reaches this rank leaves ``rank<R>.sigterm`` in
-    ``folder`` before the default action ends it. Nothing when SIGTERM is
+    ``folder``, before the handler in place acts on it (the default action: the
+    rank ends; a write's: held until the write ends). Nothing when SIGTERM is
     ignored (whoever started us asked for that) or the file cannot be opened
     (marks only improve the launcher's message). Returns True when marked."""
     if _mark or stop_signals.ignored(MARKED):
