@@ -133,6 +133,31 @@ def test_mpiexec_killed_is_restarted_to_the_same_bits(tmp_path):
     assert f['message'].startswith('theanompi-ext: mpiexec (pid %d on ' % launcher), f
 
 
+def test_a_stop_sent_to_mpiexec_alone_is_not_restarted(tmp_path):
+    """SIGTERM to mpiexec alone reaches every rank (launch/signal_marks.py): a stop of
+    the job, 143, which the supervisor does not undo; the log says why. Before, it
+    was a rank's death by signal 15, restarted."""
+    argv = ['--workers', '2', '--model', 'mlp', '--batch-per-worker', '8', '--epochs', '1000',
+            '--warmup', 'none', '--checkpoint-every', '1', '--eval-every', '1000', '--quiet',
+            '--max-restarts', '2', '--restart-backoff-s', '0']
+    out = tmp_path / 'stopped'
+    job = Job(CLI + argv + ['--out', str(out)], tmp_path)
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or
+                 job.proc.poll() is not None, 120, 'the first checkpoints')
+        (launcher,) = the_mpiexec(job.proc.pid)
+        os.kill(launcher, signal.SIGTERM)
+        rc = job.wait(TIMEOUT)
+    finally:
+        job.finish()
+    assert rc == 143, job.err()[-3000:]
+    (f,) = _log(out)['failures']
+    assert (f['status'], f['cause'], f['restarted']) == (
+        143, 'the job was stopped by SIGTERM', False), f
+    assert 'was sent SIGTERM, and not by this launcher' in f['message'], f
+    assert _log(out)['result']['status'] == 143
+
+
 def test_an_exception_on_a_rank_is_not_retried(tmp_path):
     """An exception on rank 0 (status 3): not restarted, the job ends with its
     status and message, the log says why. (Restarted failures: above; the
