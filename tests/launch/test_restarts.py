@@ -106,6 +106,19 @@ def test_three_failures_then_the_same_bits_2_ranks_ar_fp32_digits(tmp_path):
     assert not [n for n in os.listdir(out) if '.tmp-' in n]   # the torn write was removed
 
 
+def _mpiexec_signalled(job, out, sig):
+    """Once ``job`` has written its first checkpoints, ``sig`` to its mpiexec alone;
+    (the job's exit status, that mpiexec's pid). Nothing of the job is left."""
+    try:
+        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or
+                 job.proc.poll() is not None, 120, 'the first checkpoints')
+        (launcher,) = the_mpiexec(job.proc.pid)
+        os.kill(launcher, sig)
+        return job.wait(TIMEOUT), launcher
+    finally:
+        job.finish()
+
+
 def test_mpiexec_killed_is_restarted_to_the_same_bits(tmp_path):
     """mpiexec itself SIGKILLed mid-run (the OOM killer's pick on the launcher's
     host): the attempt ends with status 3 saying so, it is restarted from the
@@ -117,14 +130,7 @@ def test_mpiexec_killed_is_restarted_to_the_same_bits(tmp_path):
     out = tmp_path / 'killed'
     job = Job(CLI + argv + ['--max-restarts', '2', '--restart-backoff-s', '0', '--out',
                             str(out)], tmp_path)
-    try:
-        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or
-                 job.proc.poll() is not None, 120, 'the first checkpoints')
-        (launcher,) = the_mpiexec(job.proc.pid)
-        os.kill(launcher, signal.SIGKILL)
-        rc = job.wait(TIMEOUT)
-    finally:
-        job.finish()
+    rc, launcher = _mpiexec_signalled(job, out, signal.SIGKILL)
     assert rc == 0, job.err()[-3000:]
     _same_bits(ref, out)
     (f,) = _log(out)['failures']
@@ -142,14 +148,7 @@ def test_a_stop_sent_to_mpiexec_alone_is_not_restarted(tmp_path):
             '--max-restarts', '2', '--restart-backoff-s', '0']
     out = tmp_path / 'stopped'
     job = Job(CLI + argv + ['--out', str(out)], tmp_path)
-    try:
-        wait_for(lambda: (out / checkpoint.PREV_FILENAME).exists() or
-                 job.proc.poll() is not None, 120, 'the first checkpoints')
-        (launcher,) = the_mpiexec(job.proc.pid)
-        os.kill(launcher, signal.SIGTERM)
-        rc = job.wait(TIMEOUT)
-    finally:
-        job.finish()
+    rc, _ = _mpiexec_signalled(job, out, signal.SIGTERM)
     assert rc == 143, job.err()[-3000:]
     (f,) = _log(out)['failures']
     assert (f['status'], f['cause'], f['restarted']) == (
