@@ -111,20 +111,25 @@ def read_rank_why(folder, rank):
         return None
 
 
-def _notes_in(folder):
-    """``(rank, path)`` of each note in ``folder`` (none when it cannot be listed)."""
+def rank_files(folder, suffix=''):
+    """``(rank, path)`` of each ``rank<R><suffix>`` in ``folder``: the notes, or with
+    a suffix the files beside them (none when it cannot be listed)."""
     try:
         names = os.listdir(folder)
     except OSError:
         return []
-    return [(int(name[4:]), os.path.join(folder, name)) for name in names
-            if name.startswith('rank') and name[4:].isdigit()]
+    found = []
+    for name in names:
+        number = name[4:len(name) - len(suffix)]
+        if name.startswith('rank') and name.endswith(suffix) and number.isdigit():
+            found.append((int(number), os.path.join(folder, name)))
+    return found
 
 
 def read_rank_notes(folder):
     """``{rank: (pid, host, state)}`` from the notes in ``folder``."""
     notes = {}
-    for rank, path in _notes_in(folder):
+    for rank, path in rank_files(folder):
         try:
             with open(path) as f:
                 pid, host, state = f.read().strip().split(' ', 2)
@@ -150,7 +155,7 @@ def note_times(folder):
     """``{rank: when its note was last written}`` (ns since the epoch) for the notes
     in ``folder``: the order in which the ranks ended, where each has."""
     times = {}
-    for rank, path in _notes_in(folder):
+    for rank, path in rank_files(folder):
         try:
             times[rank] = os.stat(path).st_mtime_ns
         except OSError:

@@ -27,7 +27,7 @@ import signal
 
 from .. import stop_signals
 from ..errors import EXIT_SIGNAL_BASE
-from .rank_notes import rank_list
+from .rank_notes import rank_files, rank_list
 
 #: The signal marked.
 MARKED = signal.SIGTERM
@@ -82,21 +82,15 @@ def _forget_in_child():
 
 
 def signalled_ranks(folder):
-    """The ranks that left a mark in ``folder`` (a non-empty ``rank<R>.sigterm``)."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return set()
+    """The ranks that left a mark in ``folder`` (a non-empty ``rank<R>.sigterm``: an
+    empty one was opened at the start and never written)."""
     ranks = set()
-    for name in names:
-        number = name[4:-len(MARK_SUFFIX)]
-        if name.startswith('rank') and name.endswith(MARK_SUFFIX) and number.isdigit():
-            try:
-                if os.path.getsize(os.path.join(folder, name)):
-                    ranks.add(int(number))
-            except OSError:
-                continue
-        # an empty mark: opened at the start, never written
+    for rank, path in rank_files(folder, MARK_SUFFIX):
+        try:
+            if os.path.getsize(path):
+                ranks.add(rank)
+        except OSError:
+            continue
     return ranks
 
 
