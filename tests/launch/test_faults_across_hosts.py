@@ -798,7 +798,7 @@ def test_whole_job_suspended_goes_on(eh, tmp_path):
     or prterun, each host's proxy or daemon and rank), as a batch scheduler suspends
     a job, while tmxh0's rank waits for tmxh1's (in a pause), for longer than the
     collective timeout; then continued, tmxh1 2.5 s after the rest. The job goes on to
-    its last step and ends with status 0, no stall or timeout reported, nothing left
+    its last step and ends with status 0, no wait that counts the suspend, nothing left
     (running_clock.py; the bits of a run never suspended: test_suspend.py)."""
     job = _at_the_pause(eh, tmp_path)
     spaces = [eh.hub] + [eh.namespace(h) for h in eh.hosts]
@@ -812,7 +812,7 @@ def test_whole_job_suspended_goes_on(eh, tmp_path):
           'ended %.2f s after that, status %d' % (suspend.SUSPEND_S, suspend.SKEW_S, t_end, rc))
     text = job.text()
     assert rc == 0, text[-3000:]
-    assert 'no progress' not in text and 'stall:' not in text, text[-3000:]
+    suspend.assert_suspend_not_counted(text)
     assert t_gone < 5
     f = checkpoint.read(os.path.join(job.out, checkpoint.FILENAME))
     try:

@@ -21,7 +21,8 @@ import pytest
 
 from support.jobs import Job, wait_for
 from support.paths import root_on_path
-from support.suspend import PAUSE, SUSPEND_S, rank_of, suspend_and_resume
+from support.suspend import (PAUSE, SUSPEND_S, assert_suspend_not_counted, rank_of,
+                             suspend_and_resume)
 from theanompi_ext.launch.job_control import process_state
 from theanompi_ext.running_clock import RunningClock
 
@@ -244,9 +245,11 @@ def _same_bits(got, ref):
 def test_a_job_suspended_longer_than_the_timeout_goes_on(tmp_path, reference):
     """Stopped while rank 0 waits in a collective for rank 1 (in its pause), for
     8 s (timeout 5 s), rank 1 continued 2.5 s after rank 0: the job ends with
-    status 0, no stall or timeout reported, with the bits of the run never stopped."""
+    status 0, no timeout and no wait that counts the suspend (a stall line of rank 0's
+    own wait may come on a loaded machine: support/suspend.py), with the bits of the
+    run never stopped."""
     got, err = _train(tmp_path, 'suspended', _suspend_all)
-    assert 'no progress' not in err and 'stall:' not in err, err[-3000:]
+    assert_suspend_not_counted(err)
     _same_bits(got, reference)
 
 

@@ -2,6 +2,7 @@
 stopped (SIGSTOP), then continued, one host's later than the rest
 (tests/launch/test_suspend.py, test_faults_across_hosts.py)."""
 import os
+import re
 import signal
 import time
 
@@ -48,3 +49,19 @@ def suspend_and_resume(pids, late, suspend_s=SUSPEND_S, skew_s=SKEW_S):
     time.sleep(skew_s)
     for pid in late:
         os.kill(pid, signal.SIGCONT)
+
+
+def assert_suspend_not_counted(text):
+    """Neither a timeout nor a wait that counts the suspend: ``text`` has no
+    'no progress' line, and a stall line, if any, reports waits under SUSPEND_S.
+
+    A stall line itself may be right: rank 0's own running time in its wait is
+    the time from rank 1's pause to the test's SIGSTOP (its line must come
+    through the launcher first: a loaded machine delays it) plus SKEW_S, and
+    may pass the tests' stall_warn_s (4 s). Counting the suspend would give at
+    least SUSPEND_S (and a timeout)."""
+    assert 'no progress' not in text, text[-3000:]
+    for line in text.splitlines():
+        if 'stall:' in line:
+            waits = [float(s) for s in re.findall(r'(?:has waited|for) ([0-9.]+) s', line)]
+            assert waits and max(waits) < SUSPEND_S, text[-3000:]
