@@ -80,6 +80,23 @@ def test_sigterm_to_one_rank_names_that_rank(tmp_path):
     assert not _alive(pid)
 
 
+def test_sigint_to_one_rank_names_that_rank(tmp_path):
+    """SIGINT to one rank alone (``kill -INT PID``): that rank stops as for Ctrl-C
+    and ends the job, named, status 130; only it is marked, so this is no stop of
+    every rank from outside (launch/signal_marks.py; Open MPI's prterun sends the
+    other rank SIGTERM after the abort, a mark of another signal)."""
+    rc, out, err, t_end = run_fault(tmp_path, 'int', launcher=True)
+    pid, t_int = fault_time(err)
+    assert rc == 130, (rc, out[-2000:], err[-2000:])
+    assert 'theanompi-ext: rank 1 of 2 stopped by SIGINT (exit status 130)' in err, err[-3000:]
+    assert re.match(r'theanompi-ext: rank 1 of 2 \(pid %d on \S+\) ended the job \(exit '
+                    r'status 130\); its own line above says why$' % pid,
+                    err.replace('\0', '').strip().splitlines()[-1]), err[-3000:]
+    assert 'was sent SIGINT' not in err and 'was sent SIGTERM' not in err, err[-3000:]
+    assert t_end - t_int < 15
+    assert not _alive(pid)
+
+
 def test_hung_rank_times_out_with_report_naming_it(tmp_path):
     """A stopped rank (alive, no progress): the others warn after stall_warn_s, abort
     after collective_timeout_s with exit status 4, naming the rank."""

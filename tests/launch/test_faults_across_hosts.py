@@ -292,7 +292,7 @@ def test_hosts_whose_ranks_cannot_reach_each_other(eh, tmp_path, block):
     assert t_gone < 10
 
 
-@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM],
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],
                          ids=lambda s: signal.Signals(s).name)
 def test_mpiexec_killed(eh, tmp_path, sig):
     """mpiexec itself SIGKILLed on the launcher's host (the OOM killer's pick, a kill
@@ -300,7 +300,9 @@ def test_mpiexec_killed(eh, tmp_path, sig):
     daemons on every host see it gone and end their ranks. SIGTERM to mpiexec alone
     (``kill PID``): it passes the stop on to every rank on every host, each marks it
     (launch/signal_marks.py), and the launcher says the job was stopped from outside,
-    143, blaming no rank. Nothing is left on any host, the last checkpoint whole."""
+    143, blaming no rank. SIGINT (``kill -INT``): hydra passes it on as it is, 130
+    and the same line of SIGINT; prterun sends SIGTERM, 143. Nothing is left on any
+    host, the last checkpoint whole."""
     job = Job(eh, str(tmp_path))
     job.training()
     launchers = [p for p in ns_pids(eh.hub) if re.search(rb'(^|/)(mpiexec|prterun)\0',
@@ -313,13 +315,14 @@ def test_mpiexec_killed(eh, tmp_path, sig):
     print('\n%s of mpiexec -> launcher exit %.2f s, every host clear %.2f s'
           % (signal.Signals(sig).name, t_exit, t_gone))
     last = job.text().replace('\0', '').strip().splitlines()[-1]
-    if sig == signal.SIGTERM:
-        assert rc == 143, job.text()[-3000:]
+    if sig != signal.SIGKILL:
+        got = signal.SIGTERM if eh.openmpi else sig
+        assert rc == 128 + got, job.text()[-3000:]
         assert last == (
-            'theanompi-ext: every rank of the job (0, 1 of 2) was sent SIGTERM, and not by this '
+            'theanompi-ext: every rank of the job (0, 1 of 2) was sent %s, and not by this '
             'launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` of '
             'mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was stopped '
-            '(exit status 143)'), job.text()[-3000:]
+            '(exit status %d)' % (signal.Signals(got).name, 128 + got)), job.text()[-3000:]
     else:
         assert rc == 3, job.text()[-3000:]
         assert re.match(r'theanompi-ext: mpiexec \(pid %d on \S+\) was killed by SIGKILL '

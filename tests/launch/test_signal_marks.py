@@ -1,9 +1,10 @@
-"""A SIGTERM that reached a rank is marked as the rank dies (launch/signal_marks.py).
+"""A SIGTERM or SIGINT that reached a rank is marked as it comes (launch/signal_marks.py).
 
 Each case runs a small process that marks itself as a rank does
 (``mark_signal``), then signals it: the mark is there, and the process still
-ends by SIGTERM's default action, at once. No MPI: the jobs that use the marks
-are in test_stop_and_disk.py and test_faults.py.
+ends by SIGTERM's default action, at once, or raises KeyboardInterrupt for
+SIGINT. No MPI: the jobs that use the marks are in test_stop_and_disk.py and
+test_faults.py.
 """
 import os
 import signal
@@ -16,7 +17,8 @@ import pytest
 
 from theanompi_ext import stop_signals
 from theanompi_ext.launch import signal_marks
-from theanompi_ext.launch.signal_marks import signalled_ranks, stopped_from_outside
+from theanompi_ext.launch.signal_marks import (signalled_ranks, stop_from_outside,
+                                               stopped_from_outside)
 
 from support.paths import ROOT
 
@@ -24,18 +26,26 @@ from support.paths import ROOT
 _MARKED = textwrap.dedent('''
     import os, signal, sys, time
     from theanompi_ext.launch.signal_marks import mark_signal
-    print(mark_signal(sys.argv[1], 3), flush=True)
+    print(sorted(int(s) for s in mark_signal(sys.argv[1], 3)), flush=True)
     how = sys.argv[2]
-    if how == 'spin':
+    if how == 'interrupted':
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            print('KeyboardInterrupt', flush=True)
+    elif how == 'spin':
         while True:
             sum(range(1000))
     elif how == 'held':
         from theanompi_ext.files.signals import deferred_signals
-        with deferred_signals():
-            print('in the block', flush=True)
-            time.sleep(1.0)
-        print('after the block', flush=True)
-        time.sleep(60)
+        try:
+            with deferred_signals():
+                print('in the block', flush=True)
+                time.sleep(1.0)
+            print('after the block', flush=True)
+            time.sleep(60)
+        except KeyboardInterrupt:
+            print('KeyboardInterrupt', flush=True)
     elif how == 'fork':
         pid = os.fork()
         if pid == 0:
@@ -47,6 +57,9 @@ _MARKED = textwrap.dedent('''
     else:
         time.sleep(60)
 ''')
+
+
+BOTH = '[2, 15]'       # SIGINT, SIGTERM
 
 
 def _start(folder, how, **popen):
@@ -71,7 +84,7 @@ def test_a_marked_rank_still_dies_by_sigterm_at_once_and_leaves_its_mark(tmp_pat
     """Sleeping in C, or busy in Python: the default action still ends it (status
     -15, well within a second; measured 3-5 ms), and rank 3's mark holds its stack."""
     proc, ready = _start(tmp_path, how)
-    assert ready == 'True'
+    assert ready == BOTH
     assert signalled_ranks(tmp_path) == set()          # opened, not yet written
     assert (tmp_path / 'rank3.sigterm').exists()
     os.kill(proc.pid, signal.SIGTERM)
@@ -82,24 +95,54 @@ def test_a_marked_rank_still_dies_by_sigterm_at_once_and_leaves_its_mark(tmp_pat
     assert 'most recent call first' in (tmp_path / 'rank3.sigterm').read_text()
 
 
+def _held_and_marked(folder, sig):
+    """A process marked, inside a write's block (1 s) when ``sig`` comes: marked at
+    once, still in the block 0.3 s later. Returns the process."""
+    proc, ready = _start(folder, 'held')
+    assert ready == BOTH
+    assert proc.stdout.readline().strip() == 'in the block'
+    os.kill(proc.pid, sig)
+    time.sleep(0.3)
+    assert proc.poll() is None                  # still in its 1 s block
+    assert signalled_ranks(folder, sig) == {3}
+    return proc
+
+
 def test_a_sigterm_held_by_a_file_write_is_marked_when_it_comes(tmp_path):
     """A write holds SIGTERM (files/signals.deferred_signals sets a handler of
     Python's for its time): the mark is written when the signal comes, while the
     write goes on (Open MPI's prterun SIGKILLs 0.25 s after its SIGTERM: a mark
     left for the end of the write would be lost), and the signal then ends the
     process after the block, by the default action, marked again."""
-    proc, ready = _start(tmp_path, 'held')
-    assert ready == 'True'
-    assert proc.stdout.readline().strip() == 'in the block'
-    os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(0.3)
-    assert proc.poll() is None                  # still in its 1 s block
-    assert signalled_ranks(tmp_path) == {3}
+    proc = _held_and_marked(tmp_path, signal.SIGTERM)
     took = _gone_within(proc, 5)
     assert took is not None and 0.2 < took < 2, took
     assert proc.returncode == -signal.SIGTERM
     assert proc.stdout.read() == ''        # ended as the block ended, by the default
     assert (tmp_path / 'rank3.sigterm').read_text().count('most recent call first') == 2
+
+
+def test_a_sigint_is_marked_and_still_raises_keyboard_interrupt(tmp_path):
+    """SIGINT (hydra passes a ``kill -INT`` of mpiexec on to every rank): the mark is
+    written, then Python's handler runs as before (KeyboardInterrupt: the rank says
+    ``stopped by SIGINT`` and aborts); no SIGTERM mark."""
+    proc, ready = _start(tmp_path, 'interrupted')
+    assert ready == BOTH
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.stdout.readline().strip() == 'KeyboardInterrupt'
+    assert _gone_within(proc, 5) is not None and proc.returncode == 0
+    assert signalled_ranks(tmp_path, signal.SIGINT) == {3}
+    assert signalled_ranks(tmp_path) == set()
+    assert 'most recent call first' in (tmp_path / 'rank3.sigint').read_text()
+
+
+def test_a_sigint_held_by_a_file_write_is_marked_when_it_comes(tmp_path):
+    """A rank inside a checkpoint write holds SIGINT too: marked at once (the first
+    rank's abort may kill this one before its write ends), then raised as
+    KeyboardInterrupt as the block ends."""
+    proc = _held_and_marked(tmp_path, signal.SIGINT)
+    assert proc.stdout.readline().strip() == 'KeyboardInterrupt'
+    assert _gone_within(proc, 5) is not None and proc.returncode == 0
 
 
 def test_a_forked_childs_sigterm_is_not_the_ranks(tmp_path):
@@ -118,7 +161,7 @@ def test_sigterm_ignored_at_start_is_left_ignored_and_unmarked(tmp_path):
     proc, ready = _start(tmp_path, 'sleep',
                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     try:
-        assert ready == 'False'
+        assert ready == '[2]'                          # SIGINT alone
         os.kill(proc.pid, signal.SIGTERM)
         assert _gone_within(proc, 0.5) is None        # still there: killed by the wait
     finally:
@@ -131,7 +174,7 @@ def test_a_mark_that_cannot_be_opened_is_no_error(tmp_path):
     proc, ready = _start(tmp_path / 'missing', 'sleep')
     proc.kill()
     proc.wait()
-    assert ready == 'False'
+    assert ready == '[]'
 
 
 def test_signalled_ranks_reads_only_written_marks(tmp_path):
@@ -160,6 +203,45 @@ def test_signalled_ranks_reads_only_written_marks(tmp_path):
 ])
 def test_stopped_from_outside(signalled, size, failed, reported, openmpi, outside):
     assert stopped_from_outside(signalled, size, failed, reported, openmpi) is outside
+
+
+def _notes(*states):
+    return {r: (100 + r, 'vm', state) for r, state in enumerate(states)}
+
+
+@pytest.mark.parametrize('marks, states, reported, openmpi, within, found', [
+    ({'sigterm': [0, 1]}, ['running', 'running'], signal.SIGTERM, False, False, 'SIGTERM'),
+    ({'sigterm': [0, 1]}, ['running', 'running'], None, False, True, None),  # ours
+    # hydra passed SIGINT on: each rank that took it noted its stop and aborted, one
+    # inside a write was killed first (no note); the abort is no report of a death
+    ({'sigint': [0, 1]}, ['failed 130', 'running'], None, False, False, 'SIGINT'),
+    ({'sigint': [0, 1]}, ['failed 130', 'failed 130'], None, False, True, 'SIGINT'),
+    ({'sigint': [1]}, ['running', 'failed 130'], None, False, False, None),  # one rank
+    ({'sigint': [0, 1]}, ['failed 3', 'failed 130'], None, False, False, None),
+    ({'sigint': [0, 1]}, ['failed 130', 'failed 130'], signal.SIGKILL, False, False, None),
+    # Open MPI, SIGINT to one rank: its abort, then prterun's SIGTERM to the other
+    ({'sigint': [1], 'sigterm': [0]}, ['running', 'failed 130'], None, True, False, None),
+    ({'sigterm': [0, 1]}, ['failed 143', 'running'], None, False, False, 'SIGTERM'),
+])
+def test_which_signal_stopped_the_job_from_outside(tmp_path, marks, states, reported,
+                                                   openmpi, within, found):
+    """``stop_from_outside`` over the marks in a folder and the ranks' notes: a
+    rank's note of its stop by the signal itself is no error of its own; SIGTERM
+    marks count only where nothing within the job sent SIGTERM."""
+    for suffix, ranks in marks.items():
+        for rank in ranks:
+            (tmp_path / ('rank%d.%s' % (rank, suffix))).write_text('Stack:\n')
+    sig = stop_from_outside(str(tmp_path), len(states), _notes(*states), reported, openmpi,
+                            sigterm_from_within=within)
+    assert (None if sig is None else signal.Signals(sig).name) == found
+
+
+def test_the_launchers_line_for_a_sigint_from_outside():
+    assert signal_marks.message(2, signal.SIGINT) == (
+        'theanompi-ext: every rank of the job (0, 1 of 2) was sent SIGINT, and not by '
+        'this launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` of '
+        'mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was stopped '
+        '(exit status 130)', 130)
 
 
 def test_the_launchers_line_for_a_stop_from_outside():

@@ -9,6 +9,7 @@ FAULT (done on RANK when it starts step ITERATION, or after it for corrupt):
   none     no fault
   kill     SIGKILL itself (what the OOM killer does)
   term     SIGTERM itself (`kill PID` of that rank alone)
+  int      SIGINT itself (`kill -INT PID` of that rank alone)
   segv     SIGSEGV itself
   stop     SIGSTOP itself (alive, never progresses: a hung rank)
   raise    raise MemoryError (a Python-level out-of-memory)
@@ -53,9 +54,9 @@ def inject(fault, rank, at, arg):
                          % (fault, me, os.getpid(), time.time()))
         sys.stderr.flush()
         done.append(fault)
-        if fault in ('kill', 'term', 'segv', 'stop'):
-            sig = {'kill': signal.SIGKILL, 'term': signal.SIGTERM, 'segv': signal.SIGSEGV,
-                   'stop': signal.SIGSTOP}
+        if fault in ('kill', 'term', 'int', 'segv', 'stop'):
+            sig = {'kill': signal.SIGKILL, 'term': signal.SIGTERM, 'int': signal.SIGINT,
+                   'segv': signal.SIGSEGV, 'stop': signal.SIGSTOP}
             os.kill(os.getpid(), sig[fault])
         elif fault == 'raise':
             raise MemoryError('injected: cannot allocate the activations')

@@ -48,6 +48,18 @@ def start_time(pid):
     return None if fields[0] in ('Z', 'X') else fields[19]
 
 
+def describe(pid):
+    """``pid`` with its state, parent and command line (from /proc), for a failure."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            cmd = f.read().replace(b'\0', b' ').decode(errors='replace').strip()
+    except OSError:
+        return '%d (gone)' % pid
+    return '%d (state %s, parent %s: %s)' % (pid, fields[0], fields[1], cmd[:200])
+
+
 class Job(object):
     """A command whose whole process tree is recorded while it runs.
 
@@ -88,8 +100,10 @@ class Job(object):
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            alive = '; '.join(describe(p) for p in self.alive())
             self.kill_all()
-            pytest.fail('job hung for %ss:\n%s' % (timeout, self.err()[-3000:]))
+            pytest.fail('job hung for %ss (alive: %s):\n%s' % (timeout, alive,
+                                                                self.err()[-3000:]))
         return self.proc.returncode
 
     def gone_within(self, seconds):
@@ -107,8 +121,9 @@ class Job(object):
         self._done.set()
         self._thread.join(2)
         left = self.alive()
+        seen = [describe(p) for p in left]   # before the kill: what each one was doing
         self.kill_all()
-        assert not left, 'processes left behind: %s\n%s' % (left, self.err()[-3000:])
+        assert not left, 'processes left behind: %s\n%s' % ('; '.join(seen), self.err()[-3000:])
         return took
 
     def kill_all(self):

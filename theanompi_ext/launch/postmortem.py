@@ -417,17 +417,19 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
             # a rank's own abort ended its proxy (collective/abort_alone.end_alone) before
             # mpiexec heard of the abort: hydra's trail is that abort's, told below
             gate.begin()
-        if status > 0 and not (after_abort.fired or proxies.closed or launch.lost or
-                               launch.daemon_ended):
-            # every rank sent SIGTERM, neither by the launcher nor as an MPI daemon
-            # died (its ranks then get SIGTERM: PR_SET_PDEATHSIG). hydra reports a
-            # rank on another host by its code alone: N for signal N
+        if status > 0 and not (launch.lost or launch.daemon_ended):
+            # every rank sent SIGTERM or SIGINT from outside: SIGTERM counts only where
+            # neither the launcher sent it nor an MPI daemon died (its ranks then get
+            # SIGTERM: PR_SET_PDEATHSIG) nor a rank's own abort ended its proxy. hydra
+            # reports a rank on another host by its code alone: N for signal N
             reported = None if report.pid is None else (
                 report.signal or (report.code if report.exit_string is None else 0))
-            if signal_marks.stopped_from_outside(signal_marks.signalled_ranks(folder), size,
-                                                 failed_notes(notes), reported, openmpi):
+            sig = signal_marks.stop_from_outside(
+                folder, size, notes, reported, openmpi,
+                sigterm_from_within=after_abort.fired or proxies.closed)
+            if sig is not None:
                 gate.begin()        # mpiexec's trail is of that stop, not a rank's death
-                message, status = signal_marks.message(size)
+                message, status = signal_marks.message(size, sig)
                 return last_words(status, message)
         message, status = explain(status, report, notes, size, first_exit=watch.first(),
                                   mpiexec_pid=proc.pid, lost=lost)

@@ -1,4 +1,4 @@
-"""A SIGTERM that reached a rank: marked by the rank as it dies, read by the launcher.
+"""A stop signal that reached a rank: marked by the rank as it comes, read by the launcher.
 
 SIGTERM ends a rank by its default action, at once, without a word: nothing
 of Python runs. Sent to mpiexec alone (``kill`` of its PID; a supervisor that
@@ -9,17 +9,25 @@ SIGTERM, just as when that one rank alone was sent it, and the launcher
 blamed that rank (exit status 15, a death a restart would cure: measured,
 hydra's reports of the two cases are the same, line for line).
 
-So each rank registers :mod:`faulthandler` for SIGTERM, chained: at the
+SIGINT sent to hydra alone (``kill -INT``) is passed on to every rank too;
+each says ``stopped by SIGINT`` and aborts, and the launcher named the rank
+whose abort ended the job. Nor could the ranks' notes tell it from a SIGINT
+to one rank: a rank inside a checkpoint write holds the signal, and the
+first abort kills it before it notes anything (measured, 1 run in 2).
+
+So each rank registers :mod:`faulthandler` for both, chained: at the
 signal, C code (no Python, whatever the rank is doing) writes the rank's
-stack into ``rank<R>.sigterm`` beside its note, and the default action then
-ends the rank as before (measured: a rank ended within 5 ms of the signal,
-sleeping or inside a matrix product). The launcher reads which ranks were
-marked (:func:`signalled_ranks`): every rank, where no rank had noted an
-error of its own and mpiexec reported no other death, is a stop of the whole
-job from outside the launcher (:func:`stopped_from_outside`), status 143
-as for a stop of the launcher itself (not restarted). A SIGTERM that a write
-holds (``files/signals.py``) is marked when it comes (``stop_signals.after_set``),
-and a forked writer's (``files/isolated.py``) own SIGTERM is not the rank's.
+stack into ``rank<R>.sigterm`` (``.sigint``) beside its note, and the
+handler in place then acts on it as before (SIGTERM's default action ends
+the rank: measured within 5 ms of the signal, sleeping or inside a matrix
+product; SIGINT raises ``KeyboardInterrupt``). The launcher reads which
+ranks were marked (:func:`signalled_ranks`): every rank, where no rank had
+noted an error of its own and mpiexec reported no other death, is a stop of
+the whole job from outside the launcher (:func:`stopped_from_outside`),
+with the status of a stop of the launcher itself by that signal (143, 130:
+not restarted). A signal that a write holds (``files/signals.py``) is
+marked when it comes (``stop_signals.after_set``), and a forked writer's
+(``files/isolated.py``) own signal is not the rank's.
 """
 import faulthandler
 import os
@@ -29,63 +37,67 @@ from .. import stop_signals
 from ..errors import EXIT_SIGNAL_BASE
 from .rank_notes import rank_files, rank_list
 
-#: The signal marked.
-MARKED = signal.SIGTERM
-#: The file beside rank R's note that its mark goes to.
-MARK_SUFFIX = '.sigterm'
+#: The signals marked, each with the file beside rank R's note its mark goes to.
+MARKS = {signal.SIGTERM: '.sigterm', signal.SIGINT: '.sigint'}
 
-_mark = []      # the open mark file of this rank (faulthandler writes to it)
+_marks = {}     # signal -> this rank's open mark file (faulthandler writes to it)
 
 
 def mark_signal(folder, rank):
-    """From now on a SIGTERM that reaches this rank leaves ``rank<R>.sigterm`` in
-    ``folder``, before the handler in place acts on it (the default action: the
-    rank ends; a write's: held until the write ends). Nothing when SIGTERM is
-    ignored (whoever started us asked for that) or the file cannot be opened
-    (marks only improve the launcher's message). Returns True when marked."""
-    if _mark or stop_signals.ignored(MARKED):
-        return bool(_mark)
-    try:
-        mark = open(os.path.join(folder, 'rank%d%s' % (rank, MARK_SUFFIX)), 'w')
-    except OSError:
-        return False
-    _mark.append(mark)
-    _register()
-    # again over each handler set later: a write holds SIGTERM with one of Python's
-    # (files/signals.py), and Open MPI's prterun SIGKILLs 0.25 s after its SIGTERM,
-    # so the mark is written when the signal comes, not when it is acted on
-    stop_signals.after_set(MARKED, _register_again)
-    os.register_at_fork(after_in_child=_forget_in_child)
-    return True
+    """From now on a SIGTERM or SIGINT that reaches this rank leaves
+    ``rank<R>.sigterm`` (``.sigint``) in ``folder``, before the handler in place
+    acts on it (SIGTERM's default action: the rank ends; SIGINT's: it raises
+    ``KeyboardInterrupt``; a write's: held until the write ends). A signal that
+    is ignored (whoever started us asked for that), or whose file cannot be
+    opened (marks only improve the launcher's message), is left unmarked.
+    Returns the signals marked."""
+    if _marks:
+        return set(_marks)
+    for sig, suffix in sorted(MARKS.items()):
+        if stop_signals.ignored(sig):
+            continue
+        try:
+            _marks[sig] = open(os.path.join(folder, 'rank%d%s' % (rank, suffix)), 'w')
+        except OSError:
+            continue
+        _register(sig)
+        # again over each handler set later: a write holds the signal with one of
+        # Python's (files/signals.py), and Open MPI's prterun SIGKILLs 0.25 s after its
+        # SIGTERM, so the mark is written when the signal comes, not when it is acted on
+        stop_signals.after_set(sig, lambda sig=sig: _register_again(sig))
+    if _marks:
+        os.register_at_fork(after_in_child=_forget_in_child)
+    return set(_marks)
 
 
-def _register():
+def _register(sig):
     # chained: the handler in place now runs after the mark (SIG_DFL: the rank ends)
-    faulthandler.register(MARKED, file=_mark[0], all_threads=False, chain=True)
+    faulthandler.register(sig, file=_marks[sig], all_threads=False, chain=True)
 
 
-def _register_again():
+def _register_again(sig):
     # faulthandler installs nothing for a signal it still counts as registered, and
     # its unregister puts back the handler it chained to then: so the handler just
     # set goes back before the mark is chained to it
-    handler = signal.getsignal(MARKED)
-    faulthandler.unregister(MARKED)
-    signal.signal(MARKED, signal.SIG_DFL if handler is None else handler)
-    _register()
+    handler = signal.getsignal(sig)
+    faulthandler.unregister(sig)
+    signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    _register(sig)
 
 
 def _forget_in_child():
-    if _mark:
-        faulthandler.unregister(MARKED)
-        stop_signals.after_set(MARKED, None)
-        del _mark[:]
+    for sig in list(_marks):
+        faulthandler.unregister(sig)
+        stop_signals.after_set(sig, None)
+        del _marks[sig]
 
 
-def signalled_ranks(folder):
-    """The ranks that left a mark in ``folder`` (a non-empty ``rank<R>.sigterm``: an
-    empty one was opened at the start and never written)."""
+def signalled_ranks(folder, sig=signal.SIGTERM):
+    """The ranks that left a mark of ``sig`` in ``folder`` (a non-empty
+    ``rank<R>.sigterm``, ``.sigint``: an empty one was opened at the start and
+    never written)."""
     ranks = set()
-    for rank, path in rank_files(folder, MARK_SUFFIX):
+    for rank, path in rank_files(folder, MARKS[sig]):
         try:
             if os.path.getsize(path):
                 ranks.add(rank)
@@ -94,25 +106,48 @@ def signalled_ranks(folder):
     return ranks
 
 
-def stopped_from_outside(signalled, size, failed, reported, openmpi):
-    """True when the job's end was a SIGTERM that reached every rank from outside
+def stopped_from_outside(signalled, size, failed, reported, openmpi, sig=signal.SIGTERM):
+    """True when the job's end was signal ``sig`` reaching every rank from outside
     the launcher: all ``size`` ranks ``signalled`` (:func:`signalled_ranks`), none
-    that noted an error of its own (``failed``: their ranks), and mpiexec's report
-    of a rank's death, if any (``reported``: the signal that killed it, ``None``
-    when mpiexec reported no death, 0 for a death by no signal), one by SIGTERM.
-    Under Open MPI (``openmpi``) any report is a rank that died first: prterun
-    then sends every other rank SIGTERM itself."""
+    that noted an error of its own (``failed``: their ranks; a rank's note of its
+    stop by ``sig`` itself is none), and mpiexec's report of a rank's death, if any
+    (``reported``: the signal that killed it, ``None`` when mpiexec reported no
+    death, 0 for a death by no signal), one by ``sig``. Under Open MPI
+    (``openmpi``) any report is a rank that died first: prterun then sends every
+    other rank SIGTERM itself."""
     if openmpi and reported is not None:
         return False
     return bool(size) and signalled >= set(range(size)) and not failed and \
-        reported in (None, MARKED)
+        reported in (None, sig)
 
 
-def message(size):
+def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_within):
+    """The signal (SIGTERM, SIGINT) that reached every rank of the job from
+    outside the launcher (:func:`stopped_from_outside`), else None. ``notes``:
+    the ranks' notes (``{rank: (pid, host, state)}``); ``sigterm_from_within``:
+    the launcher sent the ranks SIGTERM itself (its stop after an abort), or an
+    MPI proxy ended (its ranks get SIGTERM then: ``PR_SET_PDEATHSIG``), so
+    SIGTERM marks say nothing. A
+    SIGINT only ever comes from outside: each rank that takes it aborts the job
+    (``stopped by SIGINT``), which ends the others without one."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if sig == signal.SIGTERM and sigterm_from_within:
+            continue
+        own_stop = 'failed %d' % (EXIT_SIGNAL_BASE + sig)
+        failed = [r for r, (_, _, state) in notes.items()
+                  if state.startswith('failed') and state != own_stop]
+        if stopped_from_outside(signalled_ranks(folder, sig), size, failed, reported,
+                                openmpi, sig):
+            return sig
+    return None
+
+
+def message(size, sig=signal.SIGTERM):
     """(the launcher's line, exit status) for :func:`stopped_from_outside`: the
-    status of a stop by SIGTERM, 143."""
-    status = EXIT_SIGNAL_BASE + MARKED
-    return ('theanompi-ext: every rank of the job (%s of %d) was sent SIGTERM, and not by '
+    status of a stop by ``sig`` (143 SIGTERM, 130 SIGINT)."""
+    status = EXIT_SIGNAL_BASE + sig
+    return ('theanompi-ext: every rank of the job (%s of %d) was sent %s, and not by '
             'this launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` '
             'of mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was '
-            'stopped (exit status %d)' % (rank_list(range(size)), size, status)), status
+            'stopped (exit status %d)' % (rank_list(range(size)), size,
+                                          signal.Signals(sig).name, status)), status

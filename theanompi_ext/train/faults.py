@@ -45,8 +45,8 @@ def note_rank(state, rank=None):
 
 
 def mark_stop_signal(rank):
-    """A SIGTERM that reaches this rank leaves a mark for the launcher as the rank
-    dies (:mod:`theanompi_ext.launch.signal_marks`): every rank marked is a stop
+    """A SIGTERM or SIGINT that reaches this rank leaves a mark for the launcher as
+    it comes (:mod:`theanompi_ext.launch.signal_marks`): every rank marked is a stop
     of the job from outside the launcher, not one rank's death. No-op unless the
     launcher asked for notes."""
     folder = os.environ.get(RANKS_DIR_VAR)
