@@ -46,7 +46,7 @@ def after_set(sig, install):
     """Call ``install()`` after each handler :func:`catch` and :func:`restore` set
     for ``sig`` (``None``: no longer): a handler of C code that runs before the
     one set, chained to it, which ``signal.signal`` replaces and Python cannot
-    name (a rank's :mod:`faulthandler` mark of SIGTERM or SIGINT,
+    name (a rank's :mod:`faulthandler` mark of SIGTERM, SIGINT or SIGQUIT,
     ``launch/signal_marks.py``)."""
     if install is None:
         _after_set.pop(sig, None)

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from theanompi_ext.collective.abort_alone import ABORT_ALONE_S
 from theanompi_ext.launch.after_ranks import AFTER_RANKS_VAR
 from theanompi_ext.launch.emulated_hosts import HOST_DEV, HUB_ADDRESS
 from theanompi_ext.launch.hostlists import format_hostfile
+from theanompi_ext.launch import signal_marks
 from theanompi_ext.launch.job_control import process_state
 from theanompi_ext.train import checkpoint
 
@@ -292,8 +294,8 @@ def test_hosts_whose_ranks_cannot_reach_each_other(eh, tmp_path, block):
     assert t_gone < 10
 
 
-@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],
-                         ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGTERM, signal.SIGINT,
+                                 signal.SIGQUIT], ids=lambda s: signal.Signals(s).name)
 def test_mpiexec_killed(eh, tmp_path, sig):
     """mpiexec itself SIGKILLed on the launcher's host (the OOM killer's pick, a kill
     -9): the launcher says so, status 3 (a restart may cure it); the proxies or
@@ -301,9 +303,15 @@ def test_mpiexec_killed(eh, tmp_path, sig):
     (``kill PID``): it passes the stop on to every rank on every host, each marks it
     (launch/signal_marks.py), and the launcher says the job was stopped from outside,
     143, blaming no rank. SIGINT (``kill -INT``): hydra passes it on as it is, 130
-    and the same line of SIGINT; prterun sends SIGTERM, 143. Nothing is left on any
-    host, the last checkpoint whole."""
-    job = Job(eh, str(tmp_path))
+    and the same line of SIGINT; prterun sends SIGTERM, 143. SIGQUIT: hydra passes it
+    on, every rank marks it, 3 and the line of a kill naming no rank; prterun dies of
+    it, as of SIGKILL. Nothing is left on any host, the last checkpoint whole."""
+    core = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))     # no core files of SIGQUIT
+    try:
+        job = Job(eh, str(tmp_path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, core)
     job.training()
     launchers = [p for p in ns_pids(eh.hub) if re.search(rb'(^|/)(mpiexec|prterun)\0',
                                                           cmdline(p))]
@@ -315,7 +323,10 @@ def test_mpiexec_killed(eh, tmp_path, sig):
     print('\n%s of mpiexec -> launcher exit %.2f s, every host clear %.2f s'
           % (signal.Signals(sig).name, t_exit, t_gone))
     last = job.text().replace('\0', '').strip().splitlines()[-1]
-    if sig != signal.SIGKILL:
+    if sig == signal.SIGQUIT and not eh.openmpi:
+        assert rc == 3, job.text()[-3000:]
+        assert last == signal_marks.message(2, signal.SIGQUIT)[0], job.text()[-3000:]
+    elif sig in (signal.SIGTERM, signal.SIGINT):
         got = signal.SIGTERM if eh.openmpi else sig
         assert rc == 128 + got, job.text()[-3000:]
         assert last == (
@@ -325,10 +336,10 @@ def test_mpiexec_killed(eh, tmp_path, sig):
             '(exit status %d)' % (signal.Signals(got).name, 128 + got)), job.text()[-3000:]
     else:
         assert rc == 3, job.text()[-3000:]
-        assert re.match(r'theanompi-ext: mpiexec \(pid %d on \S+\) was killed by SIGKILL '
-                        r'\(signal 9\), not by this launcher .*; its ranks ended with it; ranks '
-                        r'0, 1 of 2 had not finished training \(exit status 3\)' % launchers[0],
-                        last), job.text()[-3000:]
+        assert re.match(r'theanompi-ext: mpiexec \(pid %d on \S+\) was killed by %s '
+                        r'\(signal %d\), not by this launcher[^;]*; its ranks ended with it; ranks '
+                        r'0, 1 of 2 had not finished training \(exit status 3\)'
+                        % (launchers[0], signal.Signals(sig).name, sig), last), job.text()[-3000:]
     assert t_gone < 10
     whole_checkpoint(job)
 

@@ -12,6 +12,7 @@ import pytest
 
 from theanompi_ext import stop_signals
 from theanompi_ext.errors import CheckpointError
+from theanompi_ext.launch import signal_marks
 from theanompi_ext.train import attempt, restarts
 from theanompi_ext.train.config import TrainConfig
 
@@ -43,6 +44,9 @@ TIMEOUT = ("theanompi-ext: rank 0 of 2 (pid 11 on hosta): no progress for 3.1 s 
     (3, 'theanompi-ext: mpiexec (pid 77 on h) was killed by SIGKILL (signal 9), not by this '
         'launcher (...); its ranks ended with it (exit status 3)', True,
      'mpiexec was killed by SIGKILL'),
+    # every rank sent SIGQUIT from outside (launch/signal_marks.py): a kill, as above
+    (3, signal_marks.message(2, signal.SIGQUIT)[0], True, 'every rank was killed by SIGQUIT'),
+    (143, signal_marks.message(2)[0], False, 'stopped by SIGTERM'),
     (255, 'theanompi-ext: rank 3 of 4 (pid 7159 on tmxh1) died: exit code 9; mpiexec stopped '
           'the other ranks (exit status 255)', True, 'a rank died (exit code 9)'),
     (2, 'theanompi-ext: rank 0 of 2 failed: DataError: x', False, 'bad input'),

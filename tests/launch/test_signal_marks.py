@@ -1,12 +1,14 @@
-"""A SIGTERM or SIGINT that reached a rank is marked as it comes (launch/signal_marks.py).
+"""A SIGTERM, SIGINT or SIGQUIT that reached a rank is marked as it comes
+(launch/signal_marks.py).
 
 Each case runs a small process that marks itself as a rank does
 (``mark_signal``), then signals it: the mark is there, and the process still
-ends by SIGTERM's default action, at once, or raises KeyboardInterrupt for
-SIGINT. No MPI: the jobs that use the marks are in test_stop_and_disk.py and
+ends by SIGTERM's (SIGQUIT's) default action, at once, or raises
+KeyboardInterrupt for SIGINT. No MPI: the jobs that use the marks are in test_stop_and_disk.py and
 test_faults.py.
 """
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -59,7 +61,7 @@ _MARKED = textwrap.dedent('''
 ''')
 
 
-BOTH = '[2, 15]'       # SIGINT, SIGTERM
+ALL = '[2, 3, 15]'        # SIGINT, SIGQUIT, SIGTERM
 
 
 def _start(folder, how, **popen):
@@ -84,7 +86,7 @@ def test_a_marked_rank_still_dies_by_sigterm_at_once_and_leaves_its_mark(tmp_pat
     """Sleeping in C, or busy in Python: the default action still ends it (status
     -15, well within a second; measured 3-5 ms), and rank 3's mark holds its stack."""
     proc, ready = _start(tmp_path, how)
-    assert ready == BOTH
+    assert ready == ALL
     assert signalled_ranks(tmp_path) == set()          # opened, not yet written
     assert (tmp_path / 'rank3.sigterm').exists()
     os.kill(proc.pid, signal.SIGTERM)
@@ -99,7 +101,7 @@ def _held_and_marked(folder, sig):
     """A process marked, inside a write's block (1 s) when ``sig`` comes: marked at
     once, still in the block 0.3 s later. Returns the process."""
     proc, ready = _start(folder, 'held')
-    assert ready == BOTH
+    assert ready == ALL
     assert proc.stdout.readline().strip() == 'in the block'
     os.kill(proc.pid, sig)
     time.sleep(0.3)
@@ -127,13 +129,26 @@ def test_a_sigint_is_marked_and_still_raises_keyboard_interrupt(tmp_path):
     written, then Python's handler runs as before (KeyboardInterrupt: the rank says
     ``stopped by SIGINT`` and aborts); no SIGTERM mark."""
     proc, ready = _start(tmp_path, 'interrupted')
-    assert ready == BOTH
+    assert ready == ALL
     os.kill(proc.pid, signal.SIGINT)
     assert proc.stdout.readline().strip() == 'KeyboardInterrupt'
     assert _gone_within(proc, 5) is not None and proc.returncode == 0
     assert signalled_ranks(tmp_path, signal.SIGINT) == {3}
     assert signalled_ranks(tmp_path) == set()
     assert 'most recent call first' in (tmp_path / 'rank3.sigint').read_text()
+
+
+def test_a_sigquit_is_marked_and_still_ends_the_rank(tmp_path):
+    """SIGQUIT (hydra passes it on too): marked, then its default action ends the
+    process (no core file: its limit is 0 here)."""
+    proc, ready = _start(tmp_path, 'sleep',
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    assert ready == ALL
+    os.kill(proc.pid, signal.SIGQUIT)
+    assert _gone_within(proc, 5) is not None
+    assert proc.returncode == -signal.SIGQUIT
+    assert signalled_ranks(tmp_path, signal.SIGQUIT) == {3}
+    assert signalled_ranks(tmp_path, signal.SIGINT) == signalled_ranks(tmp_path) == set()
 
 
 def test_a_sigint_held_by_a_file_write_is_marked_when_it_comes(tmp_path):
@@ -161,7 +176,7 @@ def test_sigterm_ignored_at_start_is_left_ignored_and_unmarked(tmp_path):
     proc, ready = _start(tmp_path, 'sleep',
                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     try:
-        assert ready == '[2]'                          # SIGINT alone
+        assert ready == '[2, 3]'                       # SIGINT, SIGQUIT
         os.kill(proc.pid, signal.SIGTERM)
         assert _gone_within(proc, 0.5) is None        # still there: killed by the wait
     finally:
@@ -222,6 +237,11 @@ def _notes(*states):
     # Open MPI, SIGINT to one rank: its abort, then prterun's SIGTERM to the other
     ({'sigint': [1], 'sigterm': [0]}, ['running', 'failed 130'], None, True, False, None),
     ({'sigterm': [0, 1]}, ['failed 143', 'running'], None, False, False, 'SIGTERM'),
+    # hydra passed SIGQUIT on: it reports the first death by it
+    ({'sigquit': [0, 1]}, ['running', 'running'], signal.SIGQUIT, False, True, 'SIGQUIT'),
+    ({'sigquit': [1]}, ['running', 'running'], signal.SIGQUIT, False, False, None),
+    # Open MPI: any report is of a rank that died first
+    ({'sigquit': [0, 1]}, ['running', 'running'], signal.SIGQUIT, True, False, None),
 ])
 def test_which_signal_stopped_the_job_from_outside(tmp_path, marks, states, reported,
                                                    openmpi, within, found):
@@ -234,6 +254,15 @@ def test_which_signal_stopped_the_job_from_outside(tmp_path, marks, states, repo
     sig = stop_from_outside(str(tmp_path), len(states), _notes(*states), reported, openmpi,
                             sigterm_from_within=within)
     assert (None if sig is None else signal.Signals(sig).name) == found
+
+
+def test_the_launchers_line_for_a_sigquit_from_outside():
+    """SIGQUIT is a kill, as the launcher and prterun take it: status 3."""
+    assert signal_marks.message(4, signal.SIGQUIT) == (
+        'theanompi-ext: every rank of the job (0-3 of 4) was sent SIGQUIT, and not by this '
+        'launcher: mpiexec passes a SIGQUIT it is sent on to every rank (`kill` of mpiexec), '
+        'or a batch scheduler or `kill` signalled the ranks; each ended by it, as killed '
+        '(exit status 3)', 3)
 
 
 def test_the_launchers_line_for_a_sigint_from_outside():

@@ -246,15 +246,20 @@ def test_mpiexec_killed_from_outside_is_said_and_ends_every_rank(tmp_path, sig):
 
 
 def stopped_from_outside(sig):
-    """The launcher's last line for a stop by ``sig`` that reached both ranks from
-    outside it (launch/signal_marks.py)."""
+    """The launcher's last line for ``sig`` that reached both ranks from outside it
+    (launch/signal_marks.py): a stop, or for SIGQUIT a kill."""
+    if sig == signal.SIGQUIT:
+        return ('theanompi-ext: every rank of the job (0, 1 of 2) was sent SIGQUIT, and not '
+                'by this launcher: mpiexec passes a SIGQUIT it is sent on to every rank '
+                '(`kill` of mpiexec), or a batch scheduler or `kill` signalled the ranks; '
+                'each ended by it, as killed (exit status 3)')
     return ('theanompi-ext: every rank of the job (0, 1 of 2) was sent %s, and not by '
             'this launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` '
             'of mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was '
             'stopped (exit status %d)' % (signal.Signals(sig).name, 128 + sig))
 
 
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT],
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT],
                          ids=lambda s: signal.Signals(s).name)
 def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, sig):
     """SIGTERM to mpiexec alone (``kill`` of its PID; a supervisor that signals only
@@ -268,10 +273,14 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
     each rank marks it as it comes, even inside a checkpoint write, then takes it as
     Ctrl-C (``stopped by SIGINT``) and aborts; the launcher says every rank was sent
     SIGINT, 130, not restarted. Before: the rank whose abort ended the job was named
-    (its note could not be told from a SIGINT to that rank alone)."""
+    (its note could not be told from a SIGINT to that rank alone). SIGQUIT, which
+    hydra passes on too, is a kill, as for the launcher: 3, restartable, and the
+    line names no rank (before: the first rank hydra saw die); prterun dies of it,
+    and says so (3)."""
     from theanompi_ext.train.restarts import classify
     out = tmp_path / 'run'
-    job = Job(CLI + LONG + ['--out', str(out)], tmp_path)
+    job = Job(['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"'] + CLI + LONG + ['--out', str(out)],
+              tmp_path)
     took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
                               the_mpiexec(job.proc.pid), 'the first checkpoints', sig,
                               lambda: the_mpiexec(job.proc.pid))
@@ -279,15 +288,24 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
           % (signal.Signals(sig).name, took and '%.2f' % took))
     assert took is not None and took < 8, took
     last = job.err().strip().splitlines()[-1]
+    assert 'died' not in job.err() and 'ended the job' not in job.err(), job.err()[-3000:]
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+    if sig == signal.SIGQUIT:
+        assert rc == 3, (rc, job.err()[-3000:])
+        if is_openmpi(mpiexec()):
+            assert re.match(r'theanompi-ext: mpiexec \(pid \d+ on \S+\) was killed by SIGQUIT',
+                            last), job.err()[-3000:]
+        else:
+            assert last == stopped_from_outside(sig), job.err()[-3000:]
+        assert classify(rc, last).restartable
+        return
     # Open MPI's prterun sends every rank SIGTERM, whichever of the two it was sent
     got = signal.SIGINT if sig == signal.SIGINT and not is_openmpi(mpiexec()) else \
         signal.SIGTERM
     assert rc == 128 + got, (rc, job.err()[-3000:])
     assert last == stopped_from_outside(got), job.err()[-3000:]
-    assert 'died' not in job.err() and 'ended the job' not in job.err(), job.err()[-3000:]
     assert classify(rc, job.err()) == (False, 'the job was stopped by %s'
                                        % signal.Signals(got).name)
-    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
 
 
 def test_mpich_proxy_killed_is_said_and_ends_every_rank(tmp_path):

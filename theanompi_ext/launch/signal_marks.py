@@ -13,19 +13,23 @@ SIGINT sent to hydra alone (``kill -INT``) is passed on to every rank too;
 each says ``stopped by SIGINT`` and aborts, and the launcher named the rank
 whose abort ended the job. Nor could the ranks' notes tell it from a SIGINT
 to one rank: a rank inside a checkpoint write holds the signal, and the
-first abort kills it before it notes anything (measured, 1 run in 2).
+first abort kills it before it notes anything (measured, 1 run in 2). hydra
+passes SIGQUIT on as well, and the first rank it killed was named.
 
-So each rank registers :mod:`faulthandler` for both, chained: at the
+So each rank registers :mod:`faulthandler` for the three, chained: at the
 signal, C code (no Python, whatever the rank is doing) writes the rank's
-stack into ``rank<R>.sigterm`` (``.sigint``) beside its note, and the
-handler in place then acts on it as before (SIGTERM's default action ends
-the rank: measured within 5 ms of the signal, sleeping or inside a matrix
-product; SIGINT raises ``KeyboardInterrupt``). The launcher reads which
-ranks were marked (:func:`signalled_ranks`): every rank, where no rank had
-noted an error of its own and mpiexec reported no other death, is a stop of
-the whole job from outside the launcher (:func:`stopped_from_outside`),
-with the status of a stop of the launcher itself by that signal (143, 130:
-not restarted). A signal that a write holds (``files/signals.py``) is
+stack into ``rank<R>.sigterm`` (``.sigint``, ``.sigquit``) beside its note,
+and the handler in place then acts on it as before (SIGTERM's default
+action ends the rank: measured within 5 ms of the signal, sleeping or inside
+a matrix product; SIGINT raises ``KeyboardInterrupt``; SIGQUIT ends it, with
+a core file where ``ulimit -c`` allows). The launcher reads which ranks
+were marked (:func:`signalled_ranks`): every rank, where no rank had noted
+an error of its own and mpiexec reported no other death, is a signal to the
+whole job from outside the launcher (:func:`stopped_from_outside`). For
+SIGTERM and SIGINT that is a stop, with the status of a stop of the
+launcher itself by that signal (143, 130: not restarted); SIGQUIT, which
+the launcher takes as a kill of itself, and prterun dies of, keeps the
+status 3 of a kill (restartable), its line naming no rank. A signal that a write holds (``files/signals.py``) is
 marked when it comes (``stop_signals.after_set``), and a forked writer's
 (``files/isolated.py``) own signal is not the rank's.
 """
@@ -34,20 +38,23 @@ import os
 import signal
 
 from .. import stop_signals
-from ..errors import EXIT_SIGNAL_BASE
+from ..errors import EXIT_FAILED, EXIT_SIGNAL_BASE
 from .rank_notes import rank_files, rank_list
 
 #: The signals marked, each with the file beside rank R's note its mark goes to.
-MARKS = {signal.SIGTERM: '.sigterm', signal.SIGINT: '.sigint'}
+MARKS = {signal.SIGTERM: '.sigterm', signal.SIGINT: '.sigint', signal.SIGQUIT: '.sigquit'}
+#: The signals of :data:`MARKS` that stop the job (the rest end it as a kill).
+STOPS = (signal.SIGTERM, signal.SIGINT)
 
 _marks = {}     # signal -> this rank's open mark file (faulthandler writes to it)
 
 
 def mark_signal(folder, rank):
-    """From now on a SIGTERM or SIGINT that reaches this rank leaves
-    ``rank<R>.sigterm`` (``.sigint``) in ``folder``, before the handler in place
-    acts on it (SIGTERM's default action: the rank ends; SIGINT's: it raises
-    ``KeyboardInterrupt``; a write's: held until the write ends). A signal that
+    """From now on a SIGTERM, SIGINT or SIGQUIT that reaches this rank leaves
+    ``rank<R>.sigterm`` (``.sigint``, ``.sigquit``) in ``folder``, before the
+    handler in place acts on it (SIGTERM's and SIGQUIT's default action: the rank
+    ends; SIGINT's: it raises ``KeyboardInterrupt``; a write's: held until the
+    write ends). A signal that
     is ignored (whoever started us asked for that), or whose file cannot be
     opened (marks only improve the launcher's message), is left unmarked.
     Returns the signals marked."""
@@ -94,8 +101,8 @@ def _forget_in_child():
 
 def signalled_ranks(folder, sig=signal.SIGTERM):
     """The ranks that left a mark of ``sig`` in ``folder`` (a non-empty
-    ``rank<R>.sigterm``, ``.sigint``: an empty one was opened at the start and
-    never written)."""
+    ``rank<R>.sigterm``, ``.sigint``, ``.sigquit``: an empty one was opened at
+    the start and never written)."""
     ranks = set()
     for rank, path in rank_files(folder, MARKS[sig]):
         try:
@@ -122,15 +129,15 @@ def stopped_from_outside(signalled, size, failed, reported, openmpi, sig=signal.
 
 
 def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_within):
-    """The signal (SIGTERM, SIGINT) that reached every rank of the job from
+    """The signal (SIGTERM, SIGINT, SIGQUIT) that reached every rank of the job from
     outside the launcher (:func:`stopped_from_outside`), else None. ``notes``:
     the ranks' notes (``{rank: (pid, host, state)}``); ``sigterm_from_within``:
     the launcher sent the ranks SIGTERM itself (its stop after an abort), or an
     MPI proxy ended (its ranks get SIGTERM then: ``PR_SET_PDEATHSIG``), so
-    SIGTERM marks say nothing. A
-    SIGINT only ever comes from outside: each rank that takes it aborts the job
-    (``stopped by SIGINT``), which ends the others without one."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    SIGTERM marks say nothing. SIGINT
+    and SIGQUIT only ever come from outside: a rank that takes SIGINT aborts the
+    job (``stopped by SIGINT``), which ends the others without one."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
         if sig == signal.SIGTERM and sigterm_from_within:
             continue
         own_stop = 'failed %d' % (EXIT_SIGNAL_BASE + sig)
@@ -144,10 +151,16 @@ def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_withi
 
 def message(size, sig=signal.SIGTERM):
     """(the launcher's line, exit status) for :func:`stopped_from_outside`: the
-    status of a stop by ``sig`` (143 SIGTERM, 130 SIGINT)."""
-    status = EXIT_SIGNAL_BASE + sig
-    return ('theanompi-ext: every rank of the job (%s of %d) was sent %s, and not by '
-            'this launcher: mpiexec passes a stop signal it is sent on to every rank (`kill` '
-            'of mpiexec), or a batch scheduler or `kill` signalled the ranks; the job was '
-            'stopped (exit status %d)' % (rank_list(range(size)), size,
-                                          signal.Signals(sig).name, status)), status
+    status of a stop by ``sig`` (143 SIGTERM, 130 SIGINT); for SIGQUIT, a kill's
+    (3, as the death of a rank by signal 3, or of prterun, would give)."""
+    name = signal.Signals(sig).name
+    if sig in STOPS:
+        status = EXIT_SIGNAL_BASE + sig
+        passed, how = 'a stop signal', 'the job was stopped'
+    else:
+        status = EXIT_FAILED
+        passed, how = 'a %s' % name, 'each ended by it, as killed'
+    return ('theanompi-ext: every rank of the job (%s of %d) was sent %s, and not by this '
+            'launcher: mpiexec passes %s it is sent on to every rank (`kill` of mpiexec), or '
+            'a batch scheduler or `kill` signalled the ranks; %s (exit status %d)'
+            % (rank_list(range(size)), size, name, passed, how, status)), status

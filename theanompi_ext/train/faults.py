@@ -45,10 +45,10 @@ def note_rank(state, rank=None):
 
 
 def mark_stop_signal(rank):
-    """A SIGTERM or SIGINT that reaches this rank leaves a mark for the launcher as
-    it comes (:mod:`theanompi_ext.launch.signal_marks`): every rank marked is a stop
-    of the job from outside the launcher, not one rank's death. No-op unless the
-    launcher asked for notes."""
+    """A SIGTERM, SIGINT or SIGQUIT that reaches this rank leaves a mark for the
+    launcher as it comes (:mod:`theanompi_ext.launch.signal_marks`): every rank
+    marked is a signal to the job from outside the launcher, not one rank's
+    death. No-op unless the launcher asked for notes."""
     folder = os.environ.get(RANKS_DIR_VAR)
     if folder:
         from ..launch.signal_marks import mark_signal

@@ -53,6 +53,8 @@ _MPI_LOST = re.compile(r'MPI_ERR|Other MPI error|MPIDI_|Connection (reset|refuse
 _DIED = re.compile(r'rank (\d+)(?: of \d+)? \(pid (\d+) on ([^)\s]+)\) died: ([^;]*)')
 _KILLED_BY = re.compile(r'\(signal \d+\)')
 _MPIEXEC_KILLED = re.compile(r'mpiexec \(pid \S+ on \S+\) was killed by (\S+)')
+# every rank signalled from outside the launcher (launch/signal_marks.py)
+_SENT_FROM_OUTSIDE = re.compile(r'every rank of the job \([^)]*\) was sent (\S+), and not by')
 _LATE = re.compile(r'not arrived: rank (\d+) \(pid (\d+) on ([^)\s]+)\)')
 _FAILED = re.compile(r'rank (\d+) of \d+ failed: (.*)')
 _STEP = re.compile(r'at step (\d+)')
@@ -106,6 +108,11 @@ def classify(status, message=''):
         # hydra's status of a rank killed by signal N is N: SIGQUIT's 3 and SIGILL's 4
         # would read as our own statuses
         return Verdict(True, 'a rank died (%s)' % died.group(4).strip())
+    sent = _SENT_FROM_OUTSIDE.search(message)
+    if sent and status < 5:
+        # SIGQUIT: a kill (as of mpiexec or the launcher by it), with status 3
+        return Verdict(True, 'every rank was killed by %s (mpiexec passed it on)'
+                       % sent.group(1))
     mpiexec = _MPIEXEC_KILLED.search(message)
     if mpiexec:
         return Verdict(True, 'mpiexec was killed by %s' % mpiexec.group(1))
