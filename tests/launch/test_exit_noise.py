@@ -85,6 +85,22 @@ def test_a_dead_rank_keeps_hydras_report_but_not_its_trail(monkeypatch):
     assert _run(HYDRA_STOPPED, gate) == HYDRA_STOPPED.decode()
 
 
+def test_the_banner_of_a_stop_sent_to_mpiexec_alone_is_held():
+    """Every rank marked the signal (``stopped_outside``, asked at the banner's first
+    line, launch/signal_marks.py): hydra's banner reports that stop, not a rank's
+    death, and is held as after the launcher's own stop; the report still reads it.
+    Not every rank marked: the banner passes, as for a rank's death."""
+    asked = []
+    gate, report = EndingFilter(lambda: asked.append(1) or True), LauncherReport()
+    assert _run(b'rank 0: step 1\n', gate) == 'rank 0: step 1\n'
+    assert asked == []                          # asked only at a line of '=' only
+    assert _run(HYDRA_BANNER, gate, report) == '\n'
+    assert report.pid == 9205 and report.signal == 15 and asked == [1]
+    assert len(gate.held) == 10 and "10 lines of mpiexec's own" in gate.summary()
+    gate = EndingFilter(lambda: False)
+    assert 'BAD TERMINATION' in _run(HYDRA_BANNER, gate, LauncherReport())
+
+
 def test_the_trail_before_the_report_of_a_far_rank_is_held():
     """A rank dead on another host: this host's proxy and mpiexec write their trail
     on standard error before mpiexec's banner on standard output names the rank

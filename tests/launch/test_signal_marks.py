@@ -192,6 +192,22 @@ def test_a_mark_that_cannot_be_opened_is_no_error(tmp_path):
     assert ready == '[]'
 
 
+def test_every_rank_marked_needs_one_signal_that_ends_a_rank_on_each(tmp_path):
+    """What holds hydra's banner (launch/exit_noise.py): each rank marked the same
+    SIGTERM or SIGQUIT (SIGINT ends no rank where it is: no banner reports it)."""
+    from theanompi_ext.launch.signal_marks import every_rank_marked
+    assert not every_rank_marked(str(tmp_path), 2)
+    (tmp_path / 'rank0.sigterm').write_text('Stack:\n')
+    (tmp_path / 'rank1.sigquit').write_text('Stack:\n')
+    assert not every_rank_marked(str(tmp_path), 2)
+    (tmp_path / 'rank0.sigint').write_text('Stack:\n')
+    (tmp_path / 'rank1.sigint').write_text('Stack:\n')
+    assert not every_rank_marked(str(tmp_path), 2)
+    (tmp_path / 'rank1.sigterm').write_text('Stack:\n')
+    assert every_rank_marked(str(tmp_path), 2) and not every_rank_marked(str(tmp_path), 3)
+    assert not every_rank_marked(str(tmp_path), 0)
+
+
 def test_signalled_ranks_reads_only_written_marks(tmp_path):
     (tmp_path / 'rank0.sigterm').write_text('Stack (most recent call first):\n')
     (tmp_path / 'rank12.sigterm').write_text('x')

@@ -289,6 +289,9 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
     assert took is not None and took < 8, took
     last = job.err().strip().splitlines()[-1]
     assert 'died' not in job.err() and 'ended the job' not in job.err(), job.err()[-3000:]
+    # hydra's banner (SIGTERM, SIGQUIT: "BAD TERMINATION ... a problem with your
+    # application") is held, told in one line (launch/exit_noise.py)
+    assert 'BAD TERMINATION' not in job.out() + job.err(), job.out()[-3000:]
     assert good_checkpoint(out / checkpoint.FILENAME) >= 1
     if sig == signal.SIGQUIT:
         assert rc == 3, (rc, job.err()[-3000:])

@@ -36,6 +36,13 @@ error, before (or after) mpiexec's banner on standard output names the rank
 (measured, 2 emulated hosts). Held
 lines of a job that did not end that way (no report of a rank, no stop) are
 shown as they were, before the launcher's line (:meth:`EndingFilter.unheld`).
+
+hydra's banner after a stop signal sent to mpiexec alone (``kill`` of its
+PID: hydra passes it on to every rank) reports the first rank it saw die of
+it, ``This typically refers to a problem with your application``: when its
+first line comes, every rank has already marked the signal
+(``launch/signal_marks.py``, written as the signal arrives), so the banner is
+held as after the launcher's own stop (``stopped_outside``).
 """
 import os
 import re
@@ -52,6 +59,8 @@ OPENMPI_ABORTING = re.compile(rb'^Abort is in progress\.\.\.hit ctrl-c again to 
 #: hydra's banner of a process that ended badly, and the lines around it.
 BANNER_LINE = re.compile(rb'^(?:=+\s*$|=   |YOUR APPLICATION TERMINATED|This typically refers|'
                          rb'Please see the FAQ page)')
+#: The first line of hydra's banner.
+BANNER_START = re.compile(rb'^=+\s*$')
 #: hydra's ``FUNCTION (FILE:LINE): `` before its words.
 WHERE = re.compile(r'^\S+ \([^()]*:\d+\):\s*')
 #: Set (to anything but empty or 0): nothing is held back (to debug MPI itself).
@@ -63,7 +72,10 @@ QUOTE_CHARS = 160
 class EndingFilter(object):
     """Decides, line by line, what of mpiexec's output is shown (thread-safe)."""
 
-    def __init__(self):
+    def __init__(self, stopped_outside=None):
+        # stopped_outside(): a stop signal reached every rank from outside the
+        # launcher; asked when a banner may begin (a line of '=' only)
+        self._stopped_outside = stopped_outside
         self._ending = threading.Event()
         self._banner = False
         self._show = os.environ.get(SHOW_VAR, '') not in ('', '0')
@@ -75,10 +87,13 @@ class EndingFilter(object):
     def begin(self, banner=False):
         """The job is ending: hold hydra's lines from now; with ``banner`` (a stop
         signal) its banner too (after a rank's death the banner is the report)."""
-        self._banner = self._banner or banner
         with self._lock:
-            self._ending.set()
-            self.held[:0], self._early = self._early, []
+            self._begin(banner)
+
+    def _begin(self, banner):
+        self._banner = self._banner or banner
+        self._ending.set()
+        self.held[:0], self._early = self._early, []
 
     def let(self, line):
         """True to show ``line`` (bytes); False when it is held back."""
@@ -89,6 +104,9 @@ class EndingFilter(object):
                 self._blank_after = False
                 if not line.strip():
                     return False
+            if not self._banner and self._stopped_outside is not None and \
+                    BANNER_START.match(line) and self._stopped_outside():
+                self._begin(True)       # the banner of a stop, not of a rank's death
             if OPENMPI_ABORTING.match(line):
                 self._blank_after = True
                 (self.held if self._ending.is_set() else self._early).append(line)

@@ -128,6 +128,15 @@ def stopped_from_outside(signalled, size, failed, reported, openmpi, sig=signal.
         reported in (None, sig)
 
 
+def every_rank_marked(folder, size):
+    """True when each of ``size`` ranks has marked the same stop signal (SIGTERM
+    or SIGQUIT, which end a rank where it is: hydra's banner then reports the
+    first death) in ``folder``."""
+    everyone = set(range(size))
+    return bool(size) and any(signalled_ranks(folder, sig) >= everyone
+                              for sig in (signal.SIGTERM, signal.SIGQUIT))
+
+
 def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_within):
     """The signal (SIGTERM, SIGINT, SIGQUIT) that reached every rank of the job from
     outside the launcher (:func:`stopped_from_outside`), else None. ``notes``:
