@@ -29,9 +29,11 @@ whole job from outside the launcher (:func:`stopped_from_outside`). For
 SIGTERM and SIGINT that is a stop, with the status of a stop of the
 launcher itself by that signal (143, 130: not restarted); SIGQUIT, which
 the launcher takes as a kill of itself, and prterun dies of, keeps the
-status 3 of a kill (restartable), its line naming no rank. A signal that a write holds (``files/signals.py``) is
-marked when it comes (``stop_signals.after_set``), and a forked writer's
-(``files/isolated.py``) own signal is not the rank's.
+status 3 of a kill (restartable), its line naming no rank. A signal that a
+write holds (``files/signals.py``) is marked when it comes
+(``stop_signals.after_set``), and a forked writer's (``files/isolated.py``)
+own signal is not the rank's. hydra's banner of such a stop is held
+(:func:`every_rank_marked`, ``launch/exit_noise.py``).
 """
 import faulthandler
 import os
@@ -54,10 +56,9 @@ def mark_signal(folder, rank):
     ``rank<R>.sigterm`` (``.sigint``, ``.sigquit``) in ``folder``, before the
     handler in place acts on it (SIGTERM's and SIGQUIT's default action: the rank
     ends; SIGINT's: it raises ``KeyboardInterrupt``; a write's: held until the
-    write ends). A signal that
-    is ignored (whoever started us asked for that), or whose file cannot be
-    opened (marks only improve the launcher's message), is left unmarked.
-    Returns the signals marked."""
+    write ends). A signal that is ignored (whoever started us asked for that),
+    or whose file cannot be opened (marks only improve the launcher's message),
+    is left unmarked. Returns the signals marked."""
     if _marks:
         return set(_marks)
     for sig, suffix in sorted(MARKS.items()):
