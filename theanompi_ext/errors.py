@@ -37,9 +37,8 @@ N   ``mpiexec``'s own status when a rank was killed by a signal (9 for SIGKILL
     (130 SIGINT, 143 SIGTERM, 129 SIGHUP; every rank has ended,
     ``launch/postmortem.py``), or (143, 130) every rank was sent SIGTERM or
     SIGINT from outside it, e.g. by mpiexec signalled alone
-    (``launch/signal_marks.py``); 141 from
-    any command whose output's reader has gone, a broken pipe
-    (``output_faults.py``)
+    (``launch/signal_marks.py``); 141 from any command whose output's reader
+    has gone, a broken pipe (``output_faults.py``)
 === ======================================================================
 
 Two marks, each said one way:

@@ -39,10 +39,15 @@ def catches(pid, sig):
     return bool(int(mask, 16) >> (int(sig) - 1) & 1)
 
 
+def _stat(pid):
+    # the fields of /proc/PID/stat after the command's name: state, parent, ...
+    with open('/proc/%d/stat' % pid) as f:
+        return f.read().rsplit(')', 1)[1].split()
+
+
 def start_time(pid):
     try:
-        with open('/proc/%d/stat' % pid) as f:
-            fields = f.read().rsplit(')', 1)[1].split()
+        fields = _stat(pid)
     except OSError:
         return None
     return None if fields[0] in ('Z', 'X') else fields[19]
@@ -51,8 +56,7 @@ def start_time(pid):
 def describe(pid):
     """``pid`` with its state, parent and command line (from /proc), for a failure."""
     try:
-        with open('/proc/%d/stat' % pid) as f:
-            fields = f.read().rsplit(')', 1)[1].split()
+        fields = _stat(pid)
         with open('/proc/%d/cmdline' % pid, 'rb') as f:
             cmd = f.read().replace(b'\0', b' ').decode(errors='replace').strip()
     except OSError:

@@ -61,7 +61,7 @@ def mark_signal(folder, rank):
     is left unmarked. Returns the signals marked."""
     if _marks:
         return set(_marks)
-    for sig, suffix in sorted(MARKS.items()):
+    for sig, suffix in MARKS.items():
         if stop_signals.ignored(sig):
             continue
         try:
@@ -144,10 +144,10 @@ def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_withi
     the ranks' notes (``{rank: (pid, host, state)}``); ``sigterm_from_within``:
     the launcher sent the ranks SIGTERM itself (its stop after an abort), or an
     MPI proxy ended (its ranks get SIGTERM then: ``PR_SET_PDEATHSIG``), so
-    SIGTERM marks say nothing. SIGINT
-    and SIGQUIT only ever come from outside: a rank that takes SIGINT aborts the
-    job (``stopped by SIGINT``), which ends the others without one."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+    SIGTERM marks say nothing. SIGINT and SIGQUIT only ever come from outside: a
+    rank that takes SIGINT aborts the job (``stopped by SIGINT``), which ends the
+    others without one."""
+    for sig in MARKS:
         if sig == signal.SIGTERM and sigterm_from_within:
             continue
         own_stop = 'failed %d' % (EXIT_SIGNAL_BASE + sig)
