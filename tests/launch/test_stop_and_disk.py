@@ -404,6 +404,12 @@ def test_output_that_cannot_be_written_is_dropped_and_the_job_goes_on(tmp_path, 
     assert good_checkpoint(out / checkpoint.FILENAME) == 1500
 
 
+# Steps of the job whose output is not read for a while: enough that it still trains
+# when the reader comes back after 15 s (about 1,700 steps/s here; 24,000 once ended
+# within the 15 s in CI)
+UNREAD_STEPS = 72000
+
+
 def test_output_not_read_for_a_while(tmp_path):
     """The launcher's standard output is a pipe nobody reads for 15 s, 7 step timeouts (a
     frozen ssh terminal, Ctrl-S, a pager left open), then read to its end: the job
@@ -414,8 +420,8 @@ def test_output_not_read_for_a_while(tmp_path):
     of this job's lines; after 15 s, exit 4, or 255 with no rank's line shown)."""
     out = tmp_path / 'run'
     argv = [a for a in LONG if a != '--quiet'] + [
-        '--progress-every', '1', '--max-steps', '24000', '--checkpoint-every', '8000',
-        '--collective-timeout-s', '2']
+        '--progress-every', '1', '--max-steps', str(UNREAD_STEPS), '--checkpoint-every',
+        str(UNREAD_STEPS // 3), '--collective-timeout-s', '2']
     r, w = os.pipe()
     # a pipe of one page and a hold of 2 kB: lines are dropped under either MPI (Open
     # MPI's ranks write to a terminal of its own, so their progress, rewritten in place,
@@ -424,18 +430,22 @@ def test_output_not_read_for_a_while(tmp_path):
     job = Job(CLI + argv + ['--out', str(out)], tmp_path, stdout=w,
               env={'THEANOMPI_EXT_OUTPUT_HOLD_MB': '0.002'})
     os.close(w)
+    # read to its end whatever happens: a launcher left writing to a pipe held open
+    # would be a process left behind, hiding this test's own failure
+    reader = os.fdopen(r, 'rb')
     try:
         time.sleep(15)
-        # still training (no summary yet): else this job proved nothing
-        assert job.proc.poll() is None and not (out / 'summary.json').exists(), \
-            job.err()[-3000:]
-        with os.fdopen(r, 'rb') as reader:
-            text = reader.read().decode()
+        ended_early = job.proc.poll() is not None or (out / 'summary.json').exists()
+        text = reader.read().decode()
         rc = job.wait()
     finally:
+        reader.close()
         job.finish()
+    # still training when the reader came back: else this job proved nothing
+    assert not ended_early, ('the job ended within 15 s: raise UNREAD_STEPS', rc,
+                             job.err()[-3000:])
     assert rc == 0, (rc, job.err()[-3000:])
-    assert json.loads((out / 'summary.json').read_text())['iterations'] == 24000
+    assert json.loads((out / 'summary.json').read_text())['iterations'] == UNREAD_STEPS
     # the first gap is the stall's (a hold of 2 kB also drops bursts after it)
     notes = [m for m in re.finditer(
         r"^theanompi-ext: (\d+) lines? \(.*?\) of the job's standard output (?:was|were) dropped "
@@ -446,7 +456,7 @@ def test_output_not_read_for_a_while(tmp_path):
     after = text[notes[0].end():]
     assert re.search(r'progress: epoch \d+/1000 it \d+/\d+ ', after), repr(after[-3000:])
     assert 'no progress' not in job.err(), job.err()[-3000:]
-    assert good_checkpoint(out / checkpoint.FILENAME) == 24000
+    assert good_checkpoint(out / checkpoint.FILENAME) == UNREAD_STEPS
 
 
 # a launcher started as nohup starts it (SIGHUP ignored), and as a shell without job
