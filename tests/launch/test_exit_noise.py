@@ -2,6 +2,7 @@
 (launch/exit_noise.py, launch/postmortem.py), on output captured from hydra."""
 import io
 import sys
+import threading
 
 from theanompi_ext.launch import exit_noise
 from theanompi_ext.launch.exit_noise import EndingFilter
@@ -210,3 +211,55 @@ def test_a_line_behind_a_nul_is_still_read():
     assert status == 3 and message.startswith(
         'theanompi-ext: rank 1 of 2 on tmxh1 could not connect to a rank on tmxh0 '
         '(10.77.0.1, port 1024: Permission denied)'), message
+
+
+RULE = b'-' * 74 + b'\n'
+# captured: Open MPI 5.0.11, 2 ranks on one host, SIGINT sent to each rank (not to
+# prterun): each took it as Ctrl-C and aborted; standard error after the ranks' lines
+OPENMPI_SIGINT_TO_EACH_RANK = (
+    b'theanompi-ext: rank 0 of 2 stopped by SIGINT (exit status 130)\n'
+    b'theanompi-ext: rank 1 of 2 stopped by SIGINT (exit status 130)\n' + RULE +
+    b'MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n'
+    b'  Proc: [[12361,1],0]\n  Errorcode: 130\n\n'
+    b'NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\n'
+    b'You may or may not see output from other processes, depending on\n'
+    b'exactly when Open MPI kills them.\n' + RULE + RULE +
+    b'prterun has exited due to process rank 0 with PID 0 on node vm calling\n'
+    b'"abort". This may have caused other processes in the application to be\n'
+    b'terminated by signals sent by prterun (as reported here).\n' + RULE + b' \n')
+
+
+def test_open_mpis_messages_of_a_signal_to_every_rank_are_held():
+    """Every rank marked SIGINT (sent to each rank; prterun never sends it): Open MPI's
+    framed messages that follow, the rank's MPI_ABORT and prterun's report, each
+    blaming rank 0, are held with prterun's blank line after its own, as hydra's
+    banner is; the report still reads them; the ranks' own lines pass. Not every rank
+    marked (one rank's SIGINT): all of it is shown."""
+    asked = []
+    gate, report = EndingFilter(lambda: asked.append(1) or True), LauncherReport()
+    shown = _run(OPENMPI_SIGINT_TO_EACH_RANK + b'a later line\n', gate, report)
+    assert shown.splitlines() == [
+        'theanompi-ext: rank 0 of 2 stopped by SIGINT (exit status 130)',
+        'theanompi-ext: rank 1 of 2 stopped by SIGINT (exit status 130)', 'a later line']
+    assert report.aborted == (0, 'vm', 130) and asked == [1]
+    assert len(gate.held) == 14 and gate.summary().startswith(
+        "theanompi-ext: 14 lines of mpiexec's own while the job ended not shown (the last: "
+        "its report of the ranks it ended; ")
+    gate = EndingFilter(lambda: False)
+    assert _run(OPENMPI_SIGINT_TO_EACH_RANK, gate, LauncherReport()) == \
+        OPENMPI_SIGINT_TO_EACH_RANK.decode()
+
+
+def test_open_mpis_frames_are_counted_per_stream():
+    """A frame opened on one stream (its reader thread) does not close another's: the
+    standard output's lines pass while a message on standard error is held; a line
+    of fewer dashes (a model's separator) is no frame."""
+    gate = EndingFilter(lambda: True)
+    opened = threading.Thread(target=gate.let, args=(RULE,))
+    opened.start()
+    opened.join()
+    assert len(gate.held) == 1                          # standard error's frame opened
+    assert gate.let(b'rank 0: step 9\n')                # standard output's line passes
+    assert gate.let(b'-' * 30 + b'\n') and gate.let(b'after a separator\n')
+    assert not gate.let(RULE) and not gate.let(b'in a frame\n') and not gate.let(RULE)
+    assert gate.let(b'after the frame\n') and len(gate.held) == 4

@@ -311,6 +311,49 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
                                        % signal.Signals(got).name)
 
 
+def the_ranks(job):
+    """The PIDs of the job's ranks (by their command line and MPI rank variable)."""
+    from support.suspend import rank_of
+    return [p for p in descendants(job.proc.pid) if rank_of(p) is not None]
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_signal_to_each_rank_blames_no_rank(tmp_path, sig):
+    """``sig`` sent to each rank itself, not to the launcher nor to mpiexec (a
+    scheduler that signals the job's tasks, ``kill`` of the ranks' PIDs): the job
+    was stopped from outside, as for a signal sent to mpiexec alone, and no rank is
+    blamed; mpiexec's banners of it are held (hydra's, and Open MPI's framed
+    messages of SIGINT and SIGQUIT: a rank's MPI_ABORT, prterun's report, each
+    blaming the first rank to end). Under Open MPI a SIGTERM to each rank is told
+    as the first rank's death (15, named): prterun sends the other ranks SIGTERM
+    itself after a rank's own death, which marks them the same way; it never sends
+    SIGINT or SIGQUIT (measured, 5.0.11). Before, under Open MPI, SIGQUIT named the
+    first rank to die, and Open MPI's messages of either came before the line."""
+    out = tmp_path / 'run'
+    job = Job(['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"'] + CLI + LONG + ['--out', str(out)],
+              tmp_path)
+    took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
+                              len(the_ranks(job)) == 2, 'the first checkpoints', sig,
+                              lambda: the_ranks(job))
+    text = job.out() + job.err()
+    last = job.err().replace('\0', '').strip().splitlines()[-1]
+    assert took is not None and took < 8, (took, text[-3000:])
+    assert good_checkpoint(out / checkpoint.FILENAME) >= 1
+    if sig == signal.SIGTERM and is_openmpi(mpiexec()):
+        assert rc == 15, (rc, text[-3000:])
+        assert re.match(r'theanompi-ext: rank [01] of 2 \(pid \d+ on \S+\) died: Terminated '
+                        r'\(signal 15\); mpiexec stopped the other ranks \(exit status 15\)$',
+                        last), text[-3000:]
+        return
+    assert rc == (3 if sig == signal.SIGQUIT else 128 + sig), (rc, text[-3000:])
+    assert last == stopped_from_outside(sig), text[-3000:]
+    assert 'died' not in text and 'ended the job' not in text, text[-3000:]
+    for banner in ('BAD TERMINATION', 'MPI_ABORT was invoked', 'prterun has exited',
+                   'prterun noticed'):
+        assert banner not in text, text[-3000:]
+
+
 def test_mpich_proxy_killed_is_said_and_ends_every_rank(tmp_path):
     """MPICH's proxy (``hydra_pmi_proxy``, the ranks' parent) SIGKILLed, as the OOM
     killer may: mpiexec says only its own trail (``assert (!closed) failed``) and

@@ -42,7 +42,14 @@ PID: hydra passes it on to every rank) reports the first rank it saw die of
 it, ``This typically refers to a problem with your application``: when its
 first line comes, every rank has already marked the signal
 (``launch/signal_marks.py``, written as the signal arrives), so the banner is
-held as after the launcher's own stop (``stopped_outside``).
+held as after the launcher's own stop (``stopped_outside``). So are Open MPI's
+framed messages (a line of dashes above and below) that begin once every rank
+was sent SIGINT or SIGQUIT from outside, to each rank (prterun passes neither
+on): a rank's ``MPI_ABORT was invoked on rank 0 ...`` after it took SIGINT, and
+prterun's ``prterun has exited due to process rank 0 ... calling "abort"`` or
+``prterun noticed that process rank 0 ... exited on signal 3 (Quit)``, each
+blaming the first rank to end of it; and all of them after the launcher's own
+stop.
 """
 import os
 import re
@@ -61,6 +68,9 @@ BANNER_LINE = re.compile(rb'^(?:=+\s*$|=   |YOUR APPLICATION TERMINATED|This typ
                          rb'Please see the FAQ page)')
 #: The first line of hydra's banner.
 BANNER_START = re.compile(rb'^=+\s*$')
+#: The frame of Open MPI's messages (a rank's MPI_ABORT, prterun's report of a
+#: death): a line of 74 dashes above and below each (its help text's width).
+OPENMPI_RULE = re.compile(rb'^-{74}\s*$')
 #: hydra's ``FUNCTION (FILE:LINE): `` before its words.
 WHERE = re.compile(r'^\S+ \([^()]*:\d+\):\s*')
 #: Set (to anything but empty or 0): nothing is held back (to debug MPI itself).
@@ -83,6 +93,7 @@ class EndingFilter(object):
         self.held = []
         self._early = []        # hydra's trail before the end began
         self._blank_after = False   # prterun's abort line was held: its blank line too
+        self._framed = {}       # reader thread -> inside one of Open MPI's framed messages
 
     def begin(self, banner=False):
         """The job is ending: hold hydra's lines from now; with ``banner`` (a stop
@@ -104,8 +115,12 @@ class EndingFilter(object):
                 self._blank_after = False
                 if not line.strip():
                     return False
-            if not self._banner and self._stopped_outside is not None and \
-                    BANNER_START.match(line) and self._stopped_outside():
+            if OPENMPI_RULE.match(line):
+                return self._let_rule(line)
+            if self._banner and self._framed.get(threading.get_ident()):
+                self.held.append(line)
+                return False
+            if not self._banner and BANNER_START.match(line) and self._outside():
                 self._begin(True)       # the banner of a stop, not of a rank's death
             if OPENMPI_ABORTING.match(line):
                 self._blank_after = True
@@ -119,6 +134,24 @@ class EndingFilter(object):
             if not (HYDRA_LINE.match(line) or (self._banner and BANNER_LINE.match(line))):
                 return True
             self.held.append(line)
+        return False
+
+    def _outside(self):
+        return self._stopped_outside is not None and self._stopped_outside()
+
+    def _let_rule(self, line):
+        # an Open MPI message begins or ends (each reader thread, one stream, has its
+        # own: the streams' lines interleave); one that begins after every rank was
+        # signalled from outside reports that, as hydra's banner does
+        key = threading.get_ident()
+        opening = not self._framed.get(key, False)
+        self._framed[key] = opening
+        if opening and not self._banner and self._outside():
+            self._begin(True)
+        if not self._banner:
+            return True
+        self._blank_after = not opening     # prterun writes a blank line after its own
+        self.held.append(line)
         return False
 
     def unheld(self):

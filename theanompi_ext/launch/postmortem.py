@@ -337,12 +337,13 @@ def run_explained(cmd, env=None, size=None, hostfile=None, started=None, start_t
     out_report, err_report, launch = LauncherReport(), LauncherReport(), LaunchWatch()
     proxies = ProxyWatch()
     said = SaidLines()         # the ranks' own lines seen (launch/lost_lines.py)
-    # hydra's banner after a stop sent to mpiexec alone is held (launch/exit_noise.py)
-    gate = EndingFilter(lambda: signal_marks.every_rank_marked(folder, size or 0))
+    openmpi = is_openmpi(cmd[0])
+    # mpiexec's banner of a signal that every rank was sent from outside (to mpiexec
+    # alone, or to each rank) is held (launch/exit_noise.py)
+    gate = EndingFilter(lambda: signal_marks.every_rank_marked(folder, size or 0, openmpi))
     watch = ExitOrder(folder, size or 0)
     old_handlers = _catch_stop_signals()
     proc = start_watch = time_limit = err_thread = out_thread = job_control = None
-    openmpi = is_openmpi(cmd[0])
     shown = []          # the last line passed through, of either stream
 
     def stop():

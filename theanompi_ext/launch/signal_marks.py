@@ -121,21 +121,25 @@ def stopped_from_outside(signalled, size, failed, reported, openmpi, sig=signal.
     stop by ``sig`` itself is none), and mpiexec's report of a rank's death, if any
     (``reported``: the signal that killed it, ``None`` when mpiexec reported no
     death, 0 for a death by no signal), one by ``sig``. Under Open MPI
-    (``openmpi``) any report is a rank that died first: prterun then sends every
-    other rank SIGTERM itself."""
-    if openmpi and reported is not None:
+    (``openmpi``) a report with SIGTERM marks is a rank that died first: prterun
+    then sends every other rank SIGTERM itself (and SIGKILL, never SIGINT or
+    SIGQUIT, which marks on every rank thus say came from outside)."""
+    if openmpi and reported is not None and sig == signal.SIGTERM:
         return False
     return bool(size) and signalled >= set(range(size)) and not failed and \
         reported in (None, sig)
 
 
-def every_rank_marked(folder, size):
-    """True when each of ``size`` ranks has marked the same stop signal (SIGTERM
-    or SIGQUIT, which end a rank where it is: hydra's banner then reports the
-    first death) in ``folder``."""
+def every_rank_marked(folder, size, openmpi=False):
+    """True when each of ``size`` ranks has marked the same signal of :data:`MARKS`
+    in ``folder``: mpiexec's banner then reports the first rank that ended of it
+    (hydra's of a death by SIGTERM or SIGQUIT; Open MPI's of that death, or of the
+    abort of a rank that took SIGINT), not a death of the rank's own. Under Open
+    MPI (``openmpi``) SIGTERM marks do not count: prterun sends every other rank
+    SIGTERM itself after a rank's own death, which its banner reports."""
     everyone = set(range(size))
-    return bool(size) and any(signalled_ranks(folder, sig) >= everyone
-                              for sig in (signal.SIGTERM, signal.SIGQUIT))
+    return bool(size) and any(signalled_ranks(folder, sig) >= everyone for sig in MARKS
+                              if not (openmpi and sig == signal.SIGTERM))
 
 
 def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_within):
