@@ -263,3 +263,27 @@ def test_open_mpis_frames_are_counted_per_stream():
     assert gate.let(b'-' * 30 + b'\n') and gate.let(b'after a separator\n')
     assert not gate.let(RULE) and not gate.let(b'in a frame\n') and not gate.let(RULE)
     assert gate.let(b'after the frame\n') and len(gate.held) == 4
+
+
+# captured: MPICH 5.0.2, 2 ranks on one host, SIGINT sent to each rank: standard error
+MPICH_SIGINT_TO_EACH_RANK = (
+    b'theanompi-ext: rank 0 of 2 stopped by SIGINT (exit status 130)\n'
+    b'theanompi-ext: rank 1 of 2 stopped by SIGINT (exit status 130)\n'
+    b'Abort(130) on node 1 (rank 1 in comm 0): application called '
+    b'MPI_Abort(MPI_COMM_WORLD, 130) - process 1\n')
+
+
+def test_mpichs_abort_line_of_a_signal_to_every_rank_is_held():
+    """Every rank marked SIGINT: MPICH's line of the abort of the rank that took it
+    is held (the report still reads it); one rank's SIGINT keeps it."""
+    gate, report = EndingFilter(lambda: True), LauncherReport()
+    shown = _run(MPICH_SIGINT_TO_EACH_RANK, gate, report)
+    assert shown == MPICH_SIGINT_TO_EACH_RANK.decode().split('Abort(130) on', 1)[0]
+    assert report.aborted == (1, None, 130) and len(gate.held) == 1
+    assert gate.summary() == (
+        "theanompi-ext: 1 line of mpiexec's own while the job ended not shown (the last: "
+        "Abort(130) on node 1 (rank 1 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, "
+        "130) - process 1; THEANOMPI_EXT_SHOW_MPIEXEC_TEARDOWN=1 shows them)")
+    gate = EndingFilter(lambda: False)
+    assert _run(MPICH_SIGINT_TO_EACH_RANK, gate, LauncherReport()) == \
+        MPICH_SIGINT_TO_EACH_RANK.decode()

@@ -292,6 +292,8 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
     # hydra's banner (SIGTERM, SIGQUIT: "BAD TERMINATION ... a problem with your
     # application") is held, told in one line (launch/exit_noise.py)
     assert 'BAD TERMINATION' not in job.out() + job.err(), job.out()[-3000:]
+    # nor MPICH's line of the abort of a rank that took SIGINT (quoted in the one line)
+    assert not re.search(r'^Abort\(\d+\) on node', job.err(), re.M), job.err()[-3000:]
     assert good_checkpoint(out / checkpoint.FILENAME) >= 1
     if sig == signal.SIGQUIT:
         assert rc == 3, (rc, job.err()[-3000:])
@@ -320,13 +322,13 @@ def the_ranks(job):
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT],
                          ids=lambda s: signal.Signals(s).name)
 def test_a_signal_to_each_rank_blames_no_rank(tmp_path, sig):
-    """``sig`` sent to each rank itself, not to the launcher nor to mpiexec (a
-    scheduler that signals the job's tasks, ``kill`` of the ranks' PIDs): the job
-    was stopped from outside, as for a signal sent to mpiexec alone, and no rank is
-    blamed; mpiexec's banners of it are held (hydra's, and Open MPI's framed
-    messages of SIGINT and SIGQUIT: a rank's MPI_ABORT, prterun's report, each
-    blaming the first rank to end). Under Open MPI a SIGTERM to each rank is told
-    as the first rank's death (15, named): prterun sends the other ranks SIGTERM
+    """``sig`` sent to each rank itself, not to the launcher nor to mpiexec (a scheduler
+    that signals the job's tasks, ``kill`` of the ranks' PIDs): the job was stopped from
+    outside, as for a signal sent to mpiexec alone, and no rank is blamed; mpiexec's
+    banners of it are held (hydra's, MPICH's line of a rank's abort after SIGINT, and
+    Open MPI's framed messages of SIGINT and SIGQUIT: a rank's MPI_ABORT, prterun's
+    report, each blaming the first rank to end). Under Open MPI a SIGTERM to each rank
+    is told as the first rank's death (15, named): prterun sends the other ranks SIGTERM
     itself after a rank's own death, which marks them the same way; it never sends
     SIGINT or SIGQUIT (measured, 5.0.11). Before, under Open MPI, SIGQUIT named the
     first rank to die, and Open MPI's messages of either came before the line."""
@@ -352,6 +354,7 @@ def test_a_signal_to_each_rank_blames_no_rank(tmp_path, sig):
     for banner in ('BAD TERMINATION', 'MPI_ABORT was invoked', 'prterun has exited',
                    'prterun noticed'):
         assert banner not in text, text[-3000:]
+    assert not re.search(r'^Abort\(\d+\) on node', text, re.M), text[-3000:]
 
 
 def test_mpich_proxy_killed_is_said_and_ends_every_rank(tmp_path):

@@ -49,7 +49,8 @@ on): a rank's ``MPI_ABORT was invoked on rank 0 ...`` after it took SIGINT, and
 prterun's ``prterun has exited due to process rank 0 ... calling "abort"`` or
 ``prterun noticed that process rank 0 ... exited on signal 3 (Quit)``, each
 blaming the first rank to end of it; and all of them after the launcher's own
-stop.
+stop. MPICH's ``Abort(130) on node 1 (rank 1 in comm 0): application called
+MPI_Abort(...)`` of a rank that took such a SIGINT is held likewise.
 """
 import os
 import re
@@ -68,6 +69,9 @@ BANNER_LINE = re.compile(rb'^(?:=+\s*$|=   |YOUR APPLICATION TERMINATED|This typ
                          rb'Please see the FAQ page)')
 #: The first line of hydra's banner.
 BANNER_START = re.compile(rb'^=+\s*$')
+#: MPICH's line of a rank's MPI_Abort (its library's, on the rank's standard error).
+MPICH_ABORT = re.compile(rb'^Abort\(-?\d+\) on node \d+ \(rank \d+ in comm \d+\): '
+                         rb'application called MPI_Abort')
 #: The frame of Open MPI's messages (a rank's MPI_ABORT, prterun's report of a
 #: death): a line of 74 dashes above and below each (its help text's width).
 OPENMPI_RULE = re.compile(rb'^-{74}\s*$')
@@ -122,6 +126,10 @@ class EndingFilter(object):
                 return False
             if not self._banner and BANNER_START.match(line) and self._outside():
                 self._begin(True)       # the banner of a stop, not of a rank's death
+            if MPICH_ABORT.match(line) and (self._banner or self._outside()):
+                self._begin(True)       # a rank's abort of a SIGINT that every rank had
+                self.held.append(line)
+                return False
             if OPENMPI_ABORTING.match(line):
                 self._blank_after = True
                 (self.held if self._ending.is_set() else self._early).append(line)
@@ -166,7 +174,7 @@ class EndingFilter(object):
         with self._lock:
             held = list(self.held)
         words = [HYDRA_LINE.match(l).group(1) if HYDRA_LINE.match(l) else l for l in held
-                 if HYDRA_LINE.match(l) or OPENMPI_ABORTING.match(l)]
+                 if HYDRA_LINE.match(l) or OPENMPI_ABORTING.match(l) or MPICH_ABORT.match(l)]
         words = [WHERE.sub('', w.decode('utf-8', 'replace').strip()) for w in words]
         words = [w for w in words if w]
         if not held:
