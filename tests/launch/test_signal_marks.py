@@ -4,8 +4,8 @@
 Each case runs a small process that marks itself as a rank does
 (``mark_signal``), then signals it: the mark is there, and the process still
 ends by SIGTERM's (SIGQUIT's) default action, at once, or raises
-KeyboardInterrupt for SIGINT. No MPI: the jobs that use the marks are in test_stop_and_disk.py and
-test_faults.py.
+KeyboardInterrupt for SIGINT. No MPI: the jobs that use the marks are in
+test_stop_and_disk.py and test_faults.py.
 """
 import os
 import resource
@@ -101,8 +101,9 @@ def test_a_marked_rank_still_dies_by_sigterm_at_once_and_leaves_its_mark(tmp_pat
 
 
 def _held_and_marked(folder, sig):
-    """A process marked, inside a write's block (2 s: room for a loaded machine) when ``sig`` comes: marked at
-    once, still in the block 0.3 s later. Returns the process."""
+    """A process marked, inside a write's block (2 s: room for a loaded machine) when
+    ``sig`` comes: marked at once, still in the block 0.3 s later. Returns the
+    process."""
     proc, ready = _start(folder, 'held')
     assert ready == ALL
     assert proc.stdout.readline().strip() == 'in the block'

@@ -34,6 +34,7 @@ from support.configs import write_cfg
 from support.paths import MPI_DIR
 from support.jobs import (Job, good_checkpoint, signal_a_helper_thread, temporaries,
                           wait_for)
+from support.suspend import rank_of
 from support.procs import (command_words, descendants, explained, mpi_cmd, mpiexec,
                            shm_made_since, the_mpiexec)
 
@@ -43,6 +44,8 @@ CLI = [sys.executable, '-m', 'theanompi_ext']
 LONG = ['train', '--workers', '2', '--model', 'mlp', '--batch-per-worker', '8',
         '--epochs', '1000', '--warmup', 'none', '--checkpoint-every', '1',
         '--eval-every', '1000', '--quiet']
+# runs the command after it with core files off (SIGQUIT's default action)
+NO_CORE = ['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"']
 
 
 # --------------------------------------------------------------------------- helpers
@@ -197,8 +200,7 @@ def test_a_signal_not_caught_ends_every_rank_with_the_launcher(tmp_path, sig):
     job goes as for SIGKILL: mpiexec follows it (PR_SET_PDEATHSIG), then every
     rank; the last checkpoint verifies. No core file: ulimit -c 0."""
     out = tmp_path / 'run'
-    job = Job(['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"'] + CLI + LONG + ['--out', str(out)],
-              tmp_path)
+    job = Job(NO_CORE + CLI + LONG + ['--out', str(out)], tmp_path)
     took, rc = signalled_when(job, (out / checkpoint.PREV_FILENAME).exists,
                               'the first checkpoints', sig)
     print('\n%s to the launcher -> every process of the job gone in %s s'
@@ -279,8 +281,7 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
     and says so (3)."""
     from theanompi_ext.train.restarts import classify
     out = tmp_path / 'run'
-    job = Job(['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"'] + CLI + LONG + ['--out', str(out)],
-              tmp_path)
+    job = Job(NO_CORE + CLI + LONG + ['--out', str(out)], tmp_path)
     took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
                               the_mpiexec(job.proc.pid), 'the first checkpoints', sig,
                               lambda: the_mpiexec(job.proc.pid))
@@ -315,7 +316,6 @@ def test_a_stop_signal_to_mpiexec_alone_stops_the_job_blaming_no_rank(tmp_path, 
 
 def the_ranks(job):
     """The PIDs of the job's ranks (by their command line and MPI rank variable)."""
-    from support.suspend import rank_of
     return [p for p in descendants(job.proc.pid) if rank_of(p) is not None]
 
 
@@ -333,8 +333,7 @@ def test_a_signal_to_each_rank_blames_no_rank(tmp_path, sig):
     SIGINT or SIGQUIT (measured, 5.0.11). Before, under Open MPI, SIGQUIT named the
     first rank to die, and Open MPI's messages of either came before the line."""
     out = tmp_path / 'run'
-    job = Job(['sh', '-c', 'ulimit -c 0 && exec "$0" "$@"'] + CLI + LONG + ['--out', str(out)],
-              tmp_path)
+    job = Job(NO_CORE + CLI + LONG + ['--out', str(out)], tmp_path)
     took, rc = signalled_when(job, lambda: (out / checkpoint.PREV_FILENAME).exists() and
                               len(the_ranks(job)) == 2, 'the first checkpoints', sig,
                               lambda: the_ranks(job))

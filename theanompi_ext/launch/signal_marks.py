@@ -124,7 +124,7 @@ def stopped_from_outside(signalled, size, failed, reported, openmpi, sig=signal.
     (``openmpi``) a report with SIGTERM marks is a rank that died first: prterun
     then sends every other rank SIGTERM itself (and SIGKILL, never SIGINT or
     SIGQUIT, which marks on every rank thus say came from outside)."""
-    if openmpi and reported is not None and sig == signal.SIGTERM:
+    if reported is not None and _sent_by_prterun(sig, openmpi):
         return False
     return bool(size) and signalled >= set(range(size)) and not failed and \
         reported in (None, sig)
@@ -139,7 +139,13 @@ def every_rank_marked(folder, size, openmpi=False):
     SIGTERM itself after a rank's own death, which its banner reports."""
     everyone = set(range(size))
     return bool(size) and any(signalled_ranks(folder, sig) >= everyone for sig in MARKS
-                              if not (openmpi and sig == signal.SIGTERM))
+                              if not _sent_by_prterun(sig, openmpi))
+
+
+def _sent_by_prterun(sig, openmpi):
+    # Open MPI's prterun sends the other ranks SIGTERM (then SIGKILL) itself once
+    # one rank has ended: its marks may be prterun's, not the outside's
+    return openmpi and sig == signal.SIGTERM
 
 
 def stop_from_outside(folder, size, notes, reported, openmpi, sigterm_from_within):
