@@ -8,6 +8,7 @@ reach it. Python keeps an inherited SIG_IGN of SIGINT for the same reason,
 and a POSIX shell cannot trap a signal that was ignored on entry. Every
 handler of ours for these signals is installed through :func:`catch`.
 """
+import contextlib
 import signal
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -42,27 +43,79 @@ def restore(old):
         _set(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def after_set(sig, install):
-    """Call ``install()`` after each handler :func:`catch` and :func:`restore` set
-    for ``sig`` (``None``: no longer): a handler of C code that runs before the
-    one set, chained to it, which ``signal.signal`` replaces and Python cannot
-    name (a rank's :mod:`faulthandler` mark of SIGTERM, SIGINT or SIGQUIT,
-    ``launch/signal_marks.py``)."""
-    if install is None:
-        _after_set.pop(sig, None)
+def set_through(sig, setter):
+    """Have :func:`catch` and :func:`restore` set each handler of ``sig`` through
+    ``setter(sig, handler)`` (which returns the previous handler, as
+    ``signal.signal`` does) instead of ``signal.signal`` (``None``: no longer). For
+    a handler of C code that runs before the one set, chained to it, which
+    ``signal.signal`` replaces and Python cannot name: a rank's
+    :mod:`faulthandler` mark of SIGTERM, SIGINT or SIGQUIT
+    (``launch/signal_marks.py``), which must come off and go back on around the
+    swap in an order that never leaves a stale handler in place."""
+    if setter is None:
+        _setters.pop(sig, None)
     else:
-        _after_set[sig] = install
+        _setters[sig] = setter
 
 
-#: Set by :func:`after_set`.
-_after_set = {}
+#: Set by :func:`set_through`.
+_setters = {}
 
 
 def _set(sig, handler):
-    old = signal.signal(sig, handler)
-    if sig in _after_set:
-        _after_set[sig]()
-    return old
+    return _setters.get(sig, signal.signal)(sig, handler)
+
+
+#: The signals a thread other than the main one leaves to it (:func:`start_thread`):
+#: SIGINT, whose handler is Python's and runs in the main thread anyway. Not
+#: SIGTERM or SIGQUIT: their default action ends a rank in whichever thread takes
+#: them first, and left to the main thread alone, under load (2 ranks and a busy
+#: process on 2 cores), a rank was SIGKILLed by mpiexec, its peer dead of the
+#: SIGQUIT, before its main thread ran to mark it: 3 runs in 6, against 0 in 6.
+MAIN_THREADS = (signal.SIGINT,)
+
+
+def start_thread(thread):
+    """``thread.start()``, the new thread blocking :data:`MAIN_THREADS` for good,
+    first thing: the kernel then gives a SIGINT sent to the process to the main
+    thread, where Python runs its handler anyway. So the main thread may hold it
+    back for a moment (``launch/signal_marks.py``, while it swaps a handler)
+    without another thread taking it meanwhile. For every thread of a rank."""
+    run = thread.run
+
+    def run_blocked():
+        # in the new thread: the main one does not hold the signal while it waits
+        # for the thread to start
+        signal.pthread_sigmask(signal.SIG_BLOCK, MAIN_THREADS)
+        run()
+    thread.run = run_blocked
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def held_back():
+    """The calling thread holds the stop signals and SIGQUIT back meanwhile
+    (blocked): one sent meanwhile comes after. For a moment only (a signal must
+    not wait)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS + (signal.SIGQUIT,))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextlib.contextmanager
+def for_children():
+    """Around starting a process from a thread that :func:`start_thread` started
+    (a watchdog's abort starts a watcher): the thread unblocks :data:`MAIN_THREADS`
+    meanwhile, since a new process keeps its creator's mask (through ``exec``
+    too) and would otherwise ignore a SIGINT (Ctrl-C) until it ended by itself."""
+    held = signal.pthread_sigmask(signal.SIG_UNBLOCK, MAIN_THREADS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def hold():

@@ -312,24 +312,134 @@ def test_the_launchers_line_for_a_stop_from_outside():
         '(exit status 143)', 143)
 
 
-def test_each_handler_set_is_followed_by_the_installer():
-    """stop_signals.after_set: catch and restore call it after each handler they set
-    for that signal, and only for it."""
+def test_each_handler_is_set_through_the_setter():
+    """stop_signals.set_through: catch and restore set each handler of that signal
+    through the setter (which returns the previous one), and only of it."""
     calls = []
-    stop_signals.after_set(signal.SIGUSR2, lambda: calls.append(signal.getsignal(
-        signal.SIGUSR2)))
+
+    def setter(sig, handler):
+        calls.append(handler)
+        return signal.signal(sig, handler)
+    stop_signals.set_through(signal.SIGUSR2, setter)
     try:
         handler = lambda s, f: None                # noqa: E731
         old = stop_signals.catch({signal.SIGUSR2: handler, signal.SIGUSR1: handler})
-        assert calls == [handler]
+        assert calls == [handler] and signal.getsignal(signal.SIGUSR2) is handler
+        assert old == {signal.SIGUSR2: signal.SIG_DFL, signal.SIGUSR1: signal.SIG_DFL}
         stop_signals.restore(old)
         assert calls == [handler, signal.SIG_DFL]
     finally:
-        stop_signals.after_set(signal.SIGUSR2, None)
+        stop_signals.set_through(signal.SIGUSR2, None)
         signal.signal(signal.SIGUSR2, signal.SIG_DFL)
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
     stop_signals.restore({signal.SIGUSR2: None})
     assert len(calls) == 2
+
+
+# A rank that does little but swap handlers (file writes of nothing, each holding
+# the stop signals), with threads of its own beside it, as a rank has: a signal
+# then comes mostly while a handler is being swapped
+_SWAPPING = textwrap.dedent('''
+    import os, signal, sys, threading, time
+    from theanompi_ext import stop_signals
+    from theanompi_ext.files.signals import deferred_signals
+    from theanompi_ext.launch.signal_marks import mark_signal
+    mark_signal(sys.argv[1], 0)
+    for _ in range(int(sys.argv[2])):
+        stop_signals.start_thread(threading.Thread(target=time.sleep, args=(60,), daemon=True))
+    print('ready', flush=True)
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 5:
+            with deferred_signals():
+                sum(range(100))
+            sum(range(100))
+        print('still running: the signal was dropped', flush=True)
+    except KeyboardInterrupt:
+        print('KeyboardInterrupt', flush=True)
+''')
+
+
+@pytest.mark.parametrize('sig, threads', [(signal.SIGTERM, 0), (signal.SIGINT, 3)],
+                         ids=['SIGTERM', 'SIGINT-3-threads'])
+def test_a_signal_while_a_handler_is_swapped_is_marked_and_acted_on(tmp_path, sig, threads):
+    """12 processes, each signalled once at a random moment of a loop of handler
+    swaps: each signal is marked, and acted on (SIGTERM: the default action;
+    SIGINT: KeyboardInterrupt), SIGINT also with ``threads`` threads beside the
+    main one (stop_signals.start_thread: they leave it to the main thread). Before
+    (the mark unregistered after the new handler was set, the signal not held
+    meanwhile), of 20 such runs without threads: SIGTERM 5 unmarked and 3 more
+    dropped, SIGINT 10 unmarked and 1 dropped; the launcher then blamed a rank for
+    a stop sent to every rank. A SIGTERM may still go to another thread while the
+    main one holds it: not tested with threads (docs/faults.md)."""
+    import random
+    suffix = signal_marks.MARKS[sig]
+    outcomes = []
+    for i in range(12):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        proc = subprocess.Popen([sys.executable, '-c', _SWAPPING, str(folder), str(threads)],
+                                cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == 'ready'
+            time.sleep(random.uniform(0.02, 0.1))
+            proc.send_signal(sig)
+            said = proc.communicate(timeout=30)[0].strip()
+        finally:
+            proc.kill()
+            proc.wait()
+        marked = (folder / ('rank0' + suffix)).stat().st_size > 0
+        acted = (proc.returncode == -sig if sig == signal.SIGTERM
+                 else said == 'KeyboardInterrupt')
+        outcomes.append((marked, acted, proc.returncode, said))
+    assert all(marked and acted for marked, acted, _, _ in outcomes), outcomes
+
+
+def test_a_thread_started_so_leaves_sigint_to_the_main_thread():
+    """stop_signals.start_thread: the new thread blocks SIGINT (one sent to the
+    process then goes to the main thread), the caller's own mask is as it was."""
+    import threading
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    seen = []
+    t = stop_signals.start_thread(threading.Thread(
+        target=lambda: seen.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))))
+    t.join(10)
+    assert seen and set(stop_signals.MAIN_THREADS) <= seen[0], seen
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+
+
+def _blocked_in(pid):
+    """The signals blocked in process ``pid``'s main thread (/proc)."""
+    with open('/proc/%d/status' % pid) as f:
+        mask = int(next(l for l in f if l.startswith('SigBlk:')).split()[1], 16)
+    return {s for s in stop_signals.MAIN_THREADS if mask & (1 << (s - 1))}
+
+
+def test_a_process_started_from_such_a_thread_blocks_nothing():
+    """A process keeps its creator's mask through exec: started from a thread of
+    start_thread's (the watchdog's abort starts a watcher), it would block SIGINT
+    and ignore it until it ended by itself. Inside stop_signals.for_children it
+    blocks none of them; outside, it blocks them (what the test would catch), and
+    the thread's own block is back afterwards."""
+    import threading
+    got = {}
+
+    def start_two():
+        with stop_signals.for_children():
+            freed = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+        plain = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+        got['after'] = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        try:
+            time.sleep(0.3)
+            got['freed'], got['plain'] = _blocked_in(freed.pid), _blocked_in(plain.pid)
+        finally:
+            for p in (freed, plain):
+                p.kill()
+                p.wait()
+    stop_signals.start_thread(threading.Thread(target=start_two)).join(60)
+    assert got['freed'] == set(), got
+    assert got['plain'] == set(stop_signals.MAIN_THREADS), got
+    assert set(stop_signals.MAIN_THREADS) <= got['after'], got
 
 
 def test_a_mark_runs_before_a_handler_of_pythons_set_after_it(tmp_path):

@@ -32,6 +32,8 @@ import subprocess
 import sys
 import threading
 
+from .. import stop_signals
+
 #: Seconds MPI_Abort gets before the rank ends itself and its daemon.
 ABORT_ALONE_S = 5.0
 #: The parents that are an MPI launcher's daemon on a rank's host.
@@ -90,10 +92,11 @@ def _watch(alone_s, pids):
     """Start the watcher of ``pids`` (a session of its own, no file of ours open);
     returns it, or None when it cannot start."""
     try:
-        return subprocess.Popen([sys.executable, '-S', '-E', '-c', _WATCH, str(alone_s)] +
-                                [str(p) for p in pids], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True, start_new_session=True)
+        with stop_signals.for_children():
+            return subprocess.Popen([sys.executable, '-S', '-E', '-c', _WATCH, str(alone_s)] +
+                                    [str(p) for p in pids], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    close_fds=True, start_new_session=True)
     except OSError:
         return None
 
@@ -173,5 +176,5 @@ def abort(mpi_abort, code, alone_s=ABORT_ALONE_S):
     watch_daemon(alone_s)
     timer = threading.Timer(alone_s, end_alone, (code,))
     timer.daemon = True
-    timer.start()
+    stop_signals.start_thread(timer)
     mpi_abort(code)

@@ -41,6 +41,7 @@ from .mpi_wire import DEFAULT_WIRE_METHOD, WIRE_METHODS, WireTransfer, wire_allr
 from .two_level import TwoLevel, check_topology, host_layout, two_level_pays
 from .wire import WIRE_DTYPES
 from .world import import_mpi
+from .. import stop_signals
 from ..errors import WireOverflow
 
 
@@ -203,9 +204,8 @@ class MPICommunicator(ObjectsOverMPI, Communicator):
 
     def _ensure_thread(self):
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name='allreduce',
-                                            daemon=True)
-            self._thread.start()
+            self._thread = stop_signals.start_thread(threading.Thread(
+                target=self._run, name='allreduce', daemon=True))
 
     def _hand_over(self, handle):
         """Block (without the GIL) until the thread has taken ``handle``.

@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from .. import stop_signals
 from ..errors import EXIT_TIMEOUT
 from ..output_faults import cannot_take_a_line
 from ..running_clock import RunningClock
@@ -193,8 +194,9 @@ class Watchdog(object):
             # Own context: inquiries never match the training's messages.
             self._chan = mpi_comm.Dup()
         self._thread = threading.Thread(target=self._run, name='watchdog', daemon=True)
-        self._thread.start()
-        threading.Thread(target=self._sentinel, name='watchdog-sentinel', daemon=True).start()
+        stop_signals.start_thread(self._thread)
+        stop_signals.start_thread(threading.Thread(target=self._sentinel,
+                                                   name='watchdog-sentinel', daemon=True))
         # Stop polling before mpi4py finalizes MPI at interpreter exit.
         atexit.register(self.close)
 

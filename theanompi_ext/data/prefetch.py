@@ -15,6 +15,8 @@ import threading
 import time
 import weakref
 
+from .. import stop_signals
+
 # How often blocked calls wake to check for shutdown.
 _POLL_S = 0.05
 _DONE = 'done'
@@ -106,7 +108,7 @@ class Prefetcher(object):
             name='theanompi_ext-prefetch', daemon=True)
         self._finalizer = weakref.finalize(self, _shutdown, self._queue, self._stop,
                                            self._thread, 1.0)
-        self._thread.start()
+        stop_signals.start_thread(self._thread)
 
     def __iter__(self):
         return self

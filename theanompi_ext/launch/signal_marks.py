@@ -31,7 +31,7 @@ launcher itself by that signal (143, 130: not restarted); SIGQUIT, which
 the launcher takes as a kill of itself, and prterun dies of, keeps the
 status 3 of a kill (restartable), its line naming no rank. A signal that a
 write holds (``files/signals.py``) is marked when it comes
-(``stop_signals.after_set``), and a forked writer's (``files/isolated.py``)
+(``stop_signals.set_through``), and a forked writer's (``files/isolated.py``)
 own signal is not the rank's. hydra's banner of such a stop is held
 (:func:`every_rank_marked`, ``launch/exit_noise.py``).
 """
@@ -61,21 +61,26 @@ def mark_signal(folder, rank):
     is left unmarked. Returns the signals marked."""
     if _marks:
         return set(_marks)
-    for sig, suffix in MARKS.items():
-        if stop_signals.ignored(sig):
-            continue
-        try:
-            _marks[sig] = open(os.path.join(folder, 'rank%d%s' % (rank, suffix)), 'w')
-        except OSError:
-            continue
-        _register(sig)
-        # again over each handler set later: a write holds the signal with one of
-        # Python's (files/signals.py), and Open MPI's prterun SIGKILLs 0.25 s after its
-        # SIGTERM, so the mark is written when the signal comes, not when it is acted on
-        stop_signals.after_set(sig, lambda sig=sig: _register_again(sig))
+    with stop_signals.held_back():     # while faulthandler half registers
+        for sig, suffix in MARKS.items():
+            _mark(sig, os.path.join(folder, 'rank%d%s' % (rank, suffix)))
     if _marks:
         os.register_at_fork(after_in_child=_forget_in_child)
     return set(_marks)
+
+
+def _mark(sig, path):
+    if stop_signals.ignored(sig):
+        return
+    try:
+        _marks[sig] = open(path, 'w')
+    except OSError:
+        return
+    _register(sig)
+    # again over each handler set later: a write holds the signal with one of
+    # Python's (files/signals.py), and Open MPI's prterun SIGKILLs 0.25 s after its
+    # SIGTERM, so the mark is written when the signal comes, not when it is acted on
+    stop_signals.set_through(sig, _set_marked)
 
 
 def _register(sig):
@@ -83,20 +88,35 @@ def _register(sig):
     faulthandler.register(sig, file=_marks[sig], all_threads=False, chain=True)
 
 
-def _register_again(sig):
-    # faulthandler installs nothing for a signal it still counts as registered, and
-    # its unregister puts back the handler it chained to then: so the handler just
-    # set goes back before the mark is chained to it
-    handler = signal.getsignal(sig)
-    faulthandler.unregister(sig)
-    signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    _register(sig)
+def _set_marked(sig, handler):
+    # The signal waits (blocked in this thread; the rank's other threads leave SIGINT
+    # to this one: stop_signals.start_thread) while the mark comes off, the handler
+    # is set and the mark is chained to it again, and comes after, marked (a SIGTERM
+    # may go to another thread in those microseconds: unmarked, or dropped in the
+    # nanoseconds in which faulthandler is half registered).
+    # Unblocked, one that came meanwhile met an unmarked handler, or none: faulthandler
+    # drops a signal while it is half registered, and putting back the handler it had
+    # chained to left the old one's C handler under the new Python one (SIG_DFL:
+    # dropped). Measured in a loop of swaps, 20 signals each: SIGTERM 5 unmarked and
+    # 3 more dropped, SIGINT 10 and 1 (docs/faults.md); a rank then looked stopped
+    # by itself.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    try:
+        faulthandler.unregister(sig)
+        try:
+            return signal.signal(sig, handler)
+        finally:
+            # also where a signal pending before raised in signal.signal (it runs
+            # Python's handlers first): the handler in place keeps its mark
+            _register(sig)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _forget_in_child():
     for sig in list(_marks):
         faulthandler.unregister(sig)
-        stop_signals.after_set(sig, None)
+        stop_signals.set_through(sig, None)
         del _marks[sig]
 
 

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 
+from .. import stop_signals
 from ..errors import RankMismatchError, raised_on_all_ranks
 from ..launch.rank_notes import RANKS_DIR_VAR, write_rank_note, write_rank_why
 
@@ -209,7 +210,7 @@ def say_failure(comm, exc, where=None):
         return comm.size == 1
     timer = threading.Timer(SAY_ALONE_S, own.say)
     timer.daemon = True
-    timer.start()
+    stop_signals.start_thread(timer)
     try:
         lines = failed_together(exc, text)
     finally:
