@@ -72,11 +72,11 @@ def _set(sig, handler):
 #: them first, and left to the main thread alone, under load (2 ranks and a busy
 #: process on 2 cores), a rank was SIGKILLed by mpiexec, its peer dead of the
 #: SIGQUIT, before its main thread ran to mark it: 3 runs in 6, against 0 in 6.
-MAIN_THREADS = (signal.SIGINT,)
+LEFT_TO_MAIN = (signal.SIGINT,)
 
 
 def start_thread(thread):
-    """``thread.start()``, the new thread blocking :data:`MAIN_THREADS` for good,
+    """``thread.start()``, the new thread blocking :data:`LEFT_TO_MAIN` for good,
     first thing: the kernel then gives a SIGINT sent to the process to the main
     thread, where Python runs its handler anyway. So the main thread may hold it
     back for a moment (``launch/signal_marks.py``, while it swaps a handler)
@@ -86,7 +86,7 @@ def start_thread(thread):
     def run_blocked():
         # in the new thread: the main one does not hold the signal while it waits
         # for the thread to start
-        signal.pthread_sigmask(signal.SIG_BLOCK, MAIN_THREADS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_MAIN)
         run()
     thread.run = run_blocked
     thread.start()
@@ -108,10 +108,10 @@ def held_back():
 @contextlib.contextmanager
 def for_children():
     """Around starting a process from a thread that :func:`start_thread` started
-    (a watchdog's abort starts a watcher): the thread unblocks :data:`MAIN_THREADS`
+    (a watchdog's abort starts a watcher): the thread unblocks :data:`LEFT_TO_MAIN`
     meanwhile, since a new process keeps its creator's mask (through ``exec``
     too) and would otherwise ignore a SIGINT (Ctrl-C) until it ended by itself."""
-    held = signal.pthread_sigmask(signal.SIG_UNBLOCK, MAIN_THREADS)
+    held = signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_MAIN)
     try:
         yield
     finally:

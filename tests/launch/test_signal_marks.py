@@ -404,7 +404,7 @@ def test_a_thread_started_so_leaves_sigint_to_the_main_thread():
     t = stop_signals.start_thread(threading.Thread(
         target=lambda: seen.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))))
     t.join(10)
-    assert seen and set(stop_signals.MAIN_THREADS) <= seen[0], seen
+    assert seen and set(stop_signals.LEFT_TO_MAIN) <= seen[0], seen
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
 
 
@@ -412,7 +412,7 @@ def _blocked_in(pid):
     """The signals blocked in process ``pid``'s main thread (/proc)."""
     with open('/proc/%d/status' % pid) as f:
         mask = int(next(l for l in f if l.startswith('SigBlk:')).split()[1], 16)
-    return {s for s in stop_signals.MAIN_THREADS if mask & (1 << (s - 1))}
+    return {s for s in stop_signals.LEFT_TO_MAIN if mask & (1 << (s - 1))}
 
 
 def test_a_process_started_from_such_a_thread_blocks_nothing():
@@ -438,8 +438,8 @@ def test_a_process_started_from_such_a_thread_blocks_nothing():
                 p.wait()
     stop_signals.start_thread(threading.Thread(target=start_two)).join(60)
     assert got['freed'] == set(), got
-    assert got['plain'] == set(stop_signals.MAIN_THREADS), got
-    assert set(stop_signals.MAIN_THREADS) <= got['after'], got
+    assert got['plain'] == set(stop_signals.LEFT_TO_MAIN), got
+    assert set(stop_signals.LEFT_TO_MAIN) <= got['after'], got
 
 
 def test_a_mark_runs_before_a_handler_of_pythons_set_after_it(tmp_path):
