@@ -93,29 +93,28 @@ def start_thread(thread):
     return thread
 
 
-@contextlib.contextmanager
-def held_back():
-    """The calling thread holds the stop signals and SIGQUIT back meanwhile
-    (blocked): one sent meanwhile comes after. For a moment only (a signal must
-    not wait)."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS + (signal.SIGQUIT,))
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+def held_back(signals=STOP_SIGNALS + (signal.SIGQUIT,)):
+    """Context: the calling thread holds ``signals`` back meanwhile (blocked): one
+    sent meanwhile comes after. For a moment only (a signal must not wait)."""
+    return _masked(signal.SIG_BLOCK, signals)
 
 
-@contextlib.contextmanager
 def for_children():
-    """Around starting a process from a thread that :func:`start_thread` started
-    (a watchdog's abort starts a watcher): the thread unblocks :data:`LEFT_TO_MAIN`
-    meanwhile, since a new process keeps its creator's mask (through ``exec``
-    too) and would otherwise ignore a SIGINT (Ctrl-C) until it ended by itself."""
-    held = signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_MAIN)
+    """Context, around starting a process from a thread that :func:`start_thread`
+    started (a watchdog's abort starts a watcher): the thread unblocks
+    :data:`LEFT_TO_MAIN` meanwhile, since a new process keeps its creator's mask
+    (through ``exec`` too) and would otherwise ignore a SIGINT (Ctrl-C) until it
+    ended by itself."""
+    return _masked(signal.SIG_UNBLOCK, LEFT_TO_MAIN)
+
+
+@contextlib.contextmanager
+def _masked(how, signals):
+    old = signal.pthread_sigmask(how, signals)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def hold():

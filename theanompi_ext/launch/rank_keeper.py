@@ -33,7 +33,6 @@ import socket
 import subprocess
 import sys
 
-from .. import stop_signals
 from ..collective.abort_alone import ALIVE_FN, daemon_parent
 from .rank_notes import DIED
 
@@ -106,11 +105,10 @@ def start_keeper(folder, rank, alone_s, pid=None, daemon=None):
         daemon = daemon_parent() or 0
     note = os.path.join(folder, 'rank%d' % rank)
     try:
-        with stop_signals.for_children():
-            return subprocess.Popen(
-                [sys.executable, '-S', '-E', '-c', _KEEP, str(pid), note, str(daemon),
-                 repr(float(alone_s)), DIED], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, '-S', '-E', '-c', _KEEP, str(pid), note, str(daemon),
+             repr(float(alone_s)), DIED], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+            start_new_session=True)
     except OSError:
         return None

@@ -100,8 +100,7 @@ def _set_marked(sig, handler):
     # dropped). Measured in a loop of swaps, 20 signals each: SIGTERM 5 unmarked and
     # 3 more dropped, SIGINT 10 and 1 (docs/faults.md); a rank then looked stopped
     # by itself.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
-    try:
+    with stop_signals.held_back((sig,)):
         faulthandler.unregister(sig)
         try:
             return signal.signal(sig, handler)
@@ -109,8 +108,6 @@ def _set_marked(sig, handler):
             # also where a signal pending before raised in signal.signal (it runs
             # Python's handlers first): the handler in place keeps its mark
             _register(sig)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _forget_in_child():
