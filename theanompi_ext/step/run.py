@@ -134,3 +134,21 @@ class Step(object):
         return Outcome(float(self._stats[0]), float(self._stats[1]), float(self._stats[2]),
                        loss, err, wait_s)
 
+
+class RunsStep(object):
+    """What the trainer and the Theano-MPI stepper alike say of the :class:`Step`
+    they run (``self._step``): its timeline, and a fresh one."""
+
+    @property
+    def timeline(self):
+        """The step's :class:`~theanompi_ext.exchange.timeline.Timeline` (None: none
+        kept)."""
+        return self._step.timeline
+
+    @timeline.setter
+    def timeline(self, timeline):
+        self._step.timeline = timeline
+
+    def make_timeline(self):
+        """A fresh timeline of this rank's step (:meth:`Step.make_timeline`)."""
+        return self._step.make_timeline()

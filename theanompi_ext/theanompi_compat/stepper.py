@@ -45,7 +45,7 @@ from types import SimpleNamespace
 from ..collective.watchdog import watch
 from ..exchange.modes import OVERLAP, SERIAL
 from ..step.assemble import assemble_step, compile_in_turn, make_schedule
-from ..step.run import Step
+from ..step.run import RunsStep, Step
 from .graph import ContractBackward, ContractGraph, GradientFunction
 from .options import OPTION_DEFAULTS, resolve_options
 from .tags import contract_tags
@@ -66,7 +66,7 @@ def contract_settings(opts, sync_type, overlap):
                            decay_epochs=(), decay_factor=1.0, **{k: opts[k] for k in keys})
 
 
-class ContractStepper(object):
+class ContractStepper(RunsStep):
     """One synchronous step of this project's exchange for a contract model.
 
     ``comm`` is one of our :class:`~theanompi_ext.collective.Communicator`.
@@ -128,21 +128,6 @@ class ContractStepper(object):
             self._step.timeline = self._step.make_timeline()
         self.iteration = 0
         self.train_fn = None
-
-    @property
-    def timeline(self):
-        """The step's :class:`~theanompi_ext.exchange.timeline.Timeline` (None: option
-        ``timeline`` not set)."""
-        return self._step.timeline
-
-    @timeline.setter
-    def timeline(self, timeline):
-        self._step.timeline = timeline
-
-    def make_timeline(self):
-        """A fresh timeline of this rank's step (:meth:`Step.make_timeline
-        <theanompi_ext.step.run.Step.make_timeline>`)."""
-        return self._step.make_timeline()
 
     def take_over(self):
         """Put our step in place of the model's own train functions (once its

@@ -16,11 +16,11 @@ from ..collective.watchdog import watch
 from ..engine.core import on_device
 from ..exchange.modes import OVERLAP
 from ..step.assemble import assemble_step, compile_in_turn, make_schedule
-from ..step.run import Step
+from ..step.run import RunsStep, Step
 from . import checkpoint_request, faults, replicas
 
 
-class Trainer(object):
+class Trainer(RunsStep):
     """Trains ``net`` on ``dataset`` with the options ``cfg`` over ``comm``.
 
     ``bn_groups`` > 1 is for single-process references that emulate k
@@ -62,21 +62,6 @@ class Trainer(object):
         self.attempt = AttemptHooks(comm.rank)
 
     # -- construction --------------------------------------------------------
-    @property
-    def timeline(self):
-        """The :class:`~theanompi_ext.exchange.timeline.Timeline` the step records
-        into (None: none kept)."""
-        return self._step.timeline
-
-    @timeline.setter
-    def timeline(self, timeline):
-        self._step.timeline = timeline
-
-    def make_timeline(self):
-        """A fresh timeline of this rank's step (:meth:`Step.make_timeline
-        <theanompi_ext.step.run.Step.make_timeline>`)."""
-        return self._step.make_timeline()
-
     def _build_backward(self, bn_groups):
         from ..backward.monolithic import MonolithicBackward
         scale = 1.0 / self.total_batch
