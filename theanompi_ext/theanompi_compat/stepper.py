@@ -125,7 +125,7 @@ class ContractStepper(RunsStep):
             else self.backward.has_error
         self._step = Step(comm, parts, self.backward, self.overlap, self.iters_per_epoch)
         if opts.get('timeline'):
-            self._step.timeline = self._step.make_timeline()
+            self.timeline = self.make_timeline()
         self.iteration = 0
         self.train_fn = None
 
